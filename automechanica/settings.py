@@ -1,0 +1,136 @@
+"""Django settings for AutoMechanica, read from the environment.
+
+``DATABASE_URL`` selects the database; unset, every process uses the embedded
+PostgreSQL under ``var/pgdata`` (see ``automechanica.embedded_postgres``).
+"""
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("AUTOMECHANICA_VAR_DIR", BASE_DIR / "var"))
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    return os.environ.get(name, str(default)).lower() in {"1", "true", "yes", "on"}
+
+
+def _secret_key() -> str:
+    """``DJANGO_SECRET_KEY``, or a key generated once and kept in ``var/`` for development."""
+    if key := os.environ.get("DJANGO_SECRET_KEY"):
+        return key
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = _env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
+
+# task_queue comes first: Django gives a command name to the first app that defines
+# it, and Channels ships a `runworker` of its own. daphne precedes staticfiles so its
+# `runserver` (ASGI) wins over Django's.
+INSTALLED_APPS = [
+    "task_queue",
+    "workflows",
+    "agents_app",
+    "daphne",
+    "channels",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "automechanica.urls"
+ASGI_APPLICATION = "automechanica.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+EMBEDDED_PGDATA = Path(os.environ.get("AUTOMECHANICA_PGDATA", VAR_DIR / "pgdata"))
+
+if os.environ.get("DATABASE_URL"):
+    DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"])}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "automechanica.embedded_postgres",
+            "NAME": os.environ.get("AUTOMECHANICA_DB_NAME", "automechanica"),
+        }
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# The task queue. Each value can be overridden per worker on the command line.
+QUEUE_LEASE_SECONDS = float(os.environ.get("QUEUE_LEASE_SECONDS", 30))
+QUEUE_POLL_SECONDS = float(os.environ.get("QUEUE_POLL_SECONDS", 5))
+QUEUE_REAPER_SECONDS = float(os.environ.get("QUEUE_REAPER_SECONDS", 5))
+QUEUE_SHUTDOWN_GRACE_SECONDS = float(os.environ.get("QUEUE_SHUTDOWN_GRACE_SECONDS", 10))
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+}
+
+# Modules whose import registers agents (agents_app.registry). Extra modules, such as
+# a deployment's own agents or the test suite's, come from the environment.
+AGENT_MODULES = [
+    "agents_app.agents.echo",
+    "agents_app.agents.fitment",
+    "agents_app.agents.supplier",
+    "agents_app.agents.pricing",
+    "agents_app.agents.seo",
+    *filter(None, os.environ.get("AUTOMECHANICA_AGENT_MODULES", "").split(",")),
+]

@@ -1,0 +1,158 @@
+"""Running one task's handler and turning what happened into an outcome.
+
+No database here: the worker hands a leased task in and gets an :class:`Outcome`
+back, which the outcome writer records in batches.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from agents_app.base import Agent, PermanentError, TaskCancelled, TaskContext
+
+from .queries import ClaimedTask
+
+
+class OutcomeKind(Enum):
+    COMPLETED = "completed"
+    FAILED = "failed"  # retried, dead or failed: the SQL decides from the attempt count
+    CANCELLED = "cancelled"
+
+
+class StopReason(Enum):
+    CANCEL_REQUESTED = "cancel requested"
+    TIMED_OUT = "timed out"
+    LEASE_LOST = "lease lost"
+    SHUTDOWN = "worker shutting down"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    kind: OutcomeKind
+    task: ClaimedTask
+    result_json: str = ""
+    summary: str = ""
+    retryable: bool = False
+    base_delay: float = 0.0
+    error_json: str = ""
+
+
+class TaskTimeout(Exception):
+    """The handler ran past its agent's timeout."""
+
+
+@dataclass
+class InFlight:
+    """A task this worker holds, from its claim until its outcome is recorded."""
+
+    task: ClaimedTask
+    agent: Agent
+    deadline: float  # time.monotonic() after which the attempt times out
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    stop_reason: StopReason | None = None
+    _settled: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def held(self) -> tuple:
+        return (self.task.id, self.task.lease_token)
+
+    @property
+    def settled(self) -> bool:
+        return self._settled
+
+    def stop(self, reason: StopReason) -> None:
+        """Ask the handler to stop (it sees ``cancelled`` set)."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.cancelled.set()
+
+    def settle(self) -> bool:
+        """Claim the right to report this task's outcome; only the first caller gets it.
+
+        A task can end three ways at once (its handler returns, its timeout fires,
+        its lease is lost); exactly one of them may write.
+        """
+        with self._lock:
+            if self._settled:
+                return False
+            self._settled = True
+            return True
+
+
+def run_handler(flight: InFlight) -> Outcome | None:
+    """Run the agent on the task; None when the task was stopped for a reason that
+    writes no outcome of its own (lease lost, shutdown, or a timeout already recorded)."""
+    task, agent = flight.task, flight.agent
+    context = TaskContext(
+        id=task.id,
+        agent_name=task.agent_name,
+        task_type=task.task_type,
+        payload=task.payload,
+        attempt=task.attempts,
+        max_attempts=task.max_attempts,
+        workflow_id=task.workflow_id,
+        trace_id=task.trace_id,
+        cancelled=flight.cancelled,
+    )
+    try:
+        if task.task_type not in agent.task_types:
+            raise PermanentError(
+                f"{agent.name} does not handle task type {task.task_type!r}; "
+                f"it handles {', '.join(agent.task_types)}"
+            )
+        result = agent.handle(context)
+        try:
+            result_json = json.dumps(result)
+        except (TypeError, ValueError) as error:
+            raise PermanentError(f"the result is not JSON-serialisable: {error}") from error
+        summary = agent.describe(context, result)
+    except TaskCancelled:
+        return _stopped(flight)
+    except Exception as error:
+        if flight.stop_reason is not None:
+            return _stopped(flight)
+        return failure(flight, error, retryable=agent.is_retryable(error))
+    if flight.stop_reason is StopReason.CANCEL_REQUESTED:
+        return Outcome(OutcomeKind.CANCELLED, task)
+    return Outcome(OutcomeKind.COMPLETED, task, result_json=result_json, summary=summary)
+
+
+def _stopped(flight: InFlight) -> Outcome | None:
+    if flight.stop_reason is StopReason.CANCEL_REQUESTED:
+        return Outcome(OutcomeKind.CANCELLED, flight.task)
+    if flight.stop_reason is None:
+        # The handler raised TaskCancelled on its own: a failure like any other.
+        return failure(flight, TaskCancelled("handler raised TaskCancelled"), retryable=True)
+    return None
+
+
+def timed_out(flight: InFlight) -> Outcome:
+    seconds = flight.agent.timeout
+    return failure(flight, TaskTimeout(f"handler ran longer than {seconds:g} s"), retryable=True)
+
+
+def failure(flight: InFlight, error: BaseException, *, retryable: bool) -> Outcome:
+    info: dict[str, Any] = {
+        "type": type(error).__name__,
+        "message": str(error),
+        "traceback": "".join(traceback.format_exception(error)),
+        "retryable": retryable,
+    }
+    return Outcome(
+        OutcomeKind.FAILED,
+        flight.task,
+        retryable=retryable,
+        base_delay=flight.agent.base_delay,
+        error_json=json.dumps(info, default=str),
+    )
+
+
+def deadline_for(agent: Agent) -> float:
+    return time.monotonic() + agent.timeout

@@ -1,0 +1,113 @@
+"""``manage.py runworker AGENT [AGENT ...]``: lease and run tasks of these agents."""
+
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from agents_app import registry
+from task_queue.worker import Worker, WorkerConfig
+
+logger = logging.getLogger("task_queue.worker")
+
+
+def _positive_float(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise ValueError(value)
+    return number
+
+
+class Command(BaseCommand):
+    help = (
+        "Run a worker for the named agents. SIGTERM/SIGINT stop it gracefully (in-flight "
+        "tasks get the grace period, the rest are released); a second signal exits at once."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("agents", nargs="+", metavar="AGENT")
+        parser.add_argument("--concurrency", type=int, default=10, help="handler threads (10)")
+        parser.add_argument("--burst", action="store_true", help="exit once nothing is due")
+        parser.add_argument("--max-tasks", type=int, help="exit after running this many tasks")
+        parser.add_argument(
+            "--lease",
+            type=_positive_float,
+            default=settings.QUEUE_LEASE_SECONDS,
+            help="lease length in seconds; heartbeats come every third of it",
+        )
+        parser.add_argument(
+            "--poll",
+            type=_positive_float,
+            default=settings.QUEUE_POLL_SECONDS,
+            help="seconds between polls when no notification comes",
+        )
+        parser.add_argument(
+            "--reaper-interval",
+            type=_positive_float,
+            default=settings.QUEUE_REAPER_SECONDS,
+            help="seconds between reaper passes",
+        )
+        parser.add_argument(
+            "--grace",
+            type=float,
+            default=settings.QUEUE_SHUTDOWN_GRACE_SECONDS,
+            help="seconds in-flight tasks get to finish on shutdown",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        unknown = [name for name in options["agents"] if name not in registry.names()]
+        if unknown:
+            known = ", ".join(registry.names())
+            raise CommandError(f"unknown agent {', '.join(unknown)}; known agents: {known}")
+        if options["concurrency"] < 1:
+            raise CommandError("--concurrency must be at least 1")
+        if options["max_tasks"] is not None and options["max_tasks"] < 1:
+            raise CommandError("--max-tasks must be at least 1")
+        worker = Worker(
+            WorkerConfig(
+                agents=options["agents"],
+                concurrency=options["concurrency"],
+                lease_seconds=options["lease"],
+                poll_seconds=options["poll"],
+                reaper_seconds=options["reaper_interval"],
+                grace_seconds=options["grace"],
+                burst=options["burst"],
+                max_tasks=options["max_tasks"],
+            )
+        )
+        previous = self._install_signal_handlers(worker)
+        try:
+            report = worker.run()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        logger.info(
+            "worker %s stopped: %d claimed, %d outcomes written (%d refused), %d released",
+            worker.id,
+            report.claimed,
+            report.written,
+            report.refused,
+            report.released,
+        )
+
+    def _install_signal_handlers(self, worker: Worker) -> dict[int, Any]:
+        """Take SIGTERM/SIGINT; returns the handlers they replace."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}  # called in-process from a thread: signals are not ours to take
+        signals_seen = 0
+
+        def on_signal(signum: int, frame: object) -> None:
+            nonlocal signals_seen
+            signals_seen += 1
+            if signals_seen > 1:
+                os._exit(128 + signum)
+            logger.info("%s: stopping after in-flight tasks", signal.Signals(signum).name)
+            worker.request_stop()
+
+        return {
+            signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)
+        }

@@ -1,0 +1,205 @@
+"""The queue's tables: tasks, their history, live workers and metric rollups.
+
+Django owns the schema (migrations, admin); reading and writing tasks on the hot
+path goes through the named SQL in ``task_queue.queries``.
+"""
+
+import uuid
+
+from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.functions import RandomUUID
+from django.db import models
+from django.db.models.functions import Now
+
+PRIORITY_MIN = 0
+PRIORITY_MAX = 9
+
+
+class Priority(models.IntegerChoices):
+    """The named levels of spec 001 §7; any integer in 0–9 is accepted, 0 runs first."""
+
+    CRITICAL = 0
+    HIGH = 1
+    MEDIUM = 2
+    LOW = 3
+
+
+class TaskStatus(models.TextChoices):
+    PENDING = "pending"
+    LEASED = "leased"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"  # a non-retryable error
+    DEAD = "dead"  # attempts exhausted
+    CANCELLED = "cancelled"
+
+
+HELD_STATUSES = (TaskStatus.LEASED, TaskStatus.RUNNING)
+REVIVABLE_STATUSES = (TaskStatus.DEAD, TaskStatus.FAILED)
+
+
+class Task(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, db_default=RandomUUID())
+    workflow = models.ForeignKey(
+        "workflows.Workflow", null=True, blank=True, on_delete=models.CASCADE, related_name="tasks"
+    )
+    agent_name = models.TextField()
+    task_type = models.TextField()
+    payload = models.JSONField(default=dict)
+    priority = models.IntegerField(default=Priority.MEDIUM, db_default=Priority.MEDIUM)
+    status = models.TextField(
+        choices=TaskStatus.choices, default=TaskStatus.PENDING, db_default=TaskStatus.PENDING
+    )
+    attempts = models.IntegerField(default=0, db_default=0)
+    max_attempts = models.IntegerField(default=3, db_default=3)
+    available_at = models.DateTimeField(db_default=Now())
+    lease_owner = models.TextField(null=True, blank=True)
+    # A fresh token per lease: every write a worker makes is fenced on owner + token,
+    # so a worker whose lease expired cannot overwrite what another worker did.
+    lease_token = models.UUIDField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    error_info = models.JSONField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    idempotency_key = models.TextField(null=True, blank=True, unique=True)
+    trace_id = models.TextField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "tasks"
+        ordering = ["priority", "created_at"]
+        permissions = [
+            ("revive_task", "Can revive dead or failed tasks"),
+            ("cancel_task", "Can cancel tasks"),
+            ("pause_agent", "Can pause and resume an agent's queue"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(status__in=TaskStatus.values), name="tasks_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(priority__gte=PRIORITY_MIN, priority__lte=PRIORITY_MAX),
+                name="tasks_priority_range",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(max_attempts__gte=1), name="tasks_max_attempts_positive"
+            ),
+        ]
+        indexes = [
+            # The lease query: pending tasks of an agent in priority, then age order.
+            models.Index(
+                fields=["agent_name", "priority", "created_at"],
+                condition=models.Q(status=TaskStatus.PENDING),
+                name="tasks_pending_lease_idx",
+            ),
+            # When the next pending task of an agent falls due (the worker's poll timer).
+            models.Index(
+                fields=["agent_name", "available_at"],
+                condition=models.Q(status=TaskStatus.PENDING),
+                name="tasks_pending_due_idx",
+            ),
+            # The reaper: held tasks whose lease has run out.
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=models.Q(status__in=HELD_STATUSES),
+                name="tasks_held_lease_idx",
+            ),
+            models.Index(fields=["status", "agent_name"], name="tasks_status_agent_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent_name}.{self.task_type} {self.id} ({self.status})"
+
+
+class TaskEvent(models.TextChoices):
+    """What a history row records."""
+
+    COMPLETED = "completed"
+    RETRY_SCHEDULED = "retry_scheduled"
+    FAILED = "failed"
+    DEAD = "dead"
+    LEASE_EXPIRED = "lease_expired"
+    RELEASED = "released"  # given back by a worker shutting down; no attempt counted
+    CANCEL_REQUESTED = "cancel_requested"
+    CANCELLED = "cancelled"
+    REVIVED = "revived"
+
+
+class TaskHistory(models.Model):
+    """One row per finished attempt and per operator or reaper action.
+
+    A worker attempt is one row written with its outcome, carrying the lease token
+    and when the handler started, so pending → leased → running → outcome is
+    recorded without a write per step on the hot path.
+    """
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="history")
+    event = models.TextField(choices=TaskEvent.choices)
+    from_status = models.TextField()
+    to_status = models.TextField()
+    attempt = models.IntegerField()
+    # Who made the transition: a worker id ("host:pid") or an operator ("user:alice").
+    actor = models.TextField(null=True, blank=True)
+    lease_token = models.UUIDField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    occurred_at = models.DateTimeField(db_default=Now())
+    error = models.JSONField(null=True, blank=True)
+    detail = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        db_table = "task_history"
+        ordering = ["occurred_at", "id"]
+        verbose_name_plural = "task history"
+
+    def __str__(self) -> str:
+        return f"{self.task_id} {self.event} (attempt {self.attempt})"
+
+
+class Worker(models.Model):
+    """A live worker process, upserted by its heartbeat and removed when it exits."""
+
+    worker_id = models.TextField(primary_key=True)
+    hostname = models.TextField()
+    pid = models.IntegerField()
+    agents = ArrayField(models.TextField())
+    concurrency = models.IntegerField()
+    in_flight = models.IntegerField(default=0)
+    started_at = models.DateTimeField(db_default=Now())
+    last_heartbeat_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "workers"
+        ordering = ["worker_id"]
+
+    def __str__(self) -> str:
+        return self.worker_id
+
+
+class TaskQueueMetric(models.Model):
+    """A rollup of queue activity for one agent over one time bucket (spec 001 §11)."""
+
+    bucket_start = models.DateTimeField()
+    bucket_seconds = models.IntegerField()
+    agent_name = models.TextField()
+    tasks_created = models.IntegerField(default=0)
+    tasks_completed = models.IntegerField(default=0)
+    tasks_failed = models.IntegerField(default=0)
+    tasks_dead = models.IntegerField(default=0)
+    average_latency = models.FloatField(null=True, blank=True)
+    worker_heartbeat_delay = models.FloatField(null=True, blank=True)
+    error_rates_per_agent = models.JSONField(default=dict)
+
+    class Meta:
+        db_table = "task_queue_metrics"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["bucket_seconds", "bucket_start", "agent_name"],
+                name="task_queue_metrics_bucket_unique",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent_name} @ {self.bucket_start} ({self.bucket_seconds}s)"

@@ -1,0 +1,50 @@
+"""LISTEN for newly due tasks and wake the worker's fetch loop.
+
+Enqueuers call ``pg_notify`` inside their transaction, so a notification arrives
+only for committed tasks. A dedicated connection in autocommit mode listens; it
+reconnects after an error, and the worker's poll timer covers what it missed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+
+import psycopg
+from django.db import connection
+
+from .queries import NOTIFY_CHANNEL
+
+logger = logging.getLogger(__name__)
+
+
+class Listener:
+    def __init__(self, agents: Iterable[str], wake: threading.Event) -> None:
+        self.agents = set(agents)
+        self.wake = wake
+        self.ready = threading.Event()  # set once LISTEN is in effect
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="listener", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        params = connection.get_connection_params()
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(**params, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    self.ready.set()
+                    self.wake.set()  # anything enqueued while not listening
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=0.5):
+                            if note.payload in self.agents:
+                                self.wake.set()
+            except psycopg.Error:
+                logger.exception("listener connection failed; reconnecting")
+                self._stop.wait(1.0)

@@ -1,0 +1,127 @@
+"""Writes task outcomes in batches, off the handlers' threads.
+
+Handlers finish one by one; their outcomes queue up here while the previous batch
+is being written, so under load each statement records many tasks and at low load
+a lone outcome is written at once. Each kind of outcome is one fenced statement
+(see ``queries``): a task whose lease this worker lost is refused and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+from django.db import DatabaseError, close_old_connections
+
+from . import queries
+from .execution import Outcome, OutcomeKind
+
+logger = logging.getLogger(__name__)
+
+MAX_BATCH = 500
+_STOP = object()
+
+
+class OutcomeWriter:
+    def __init__(
+        self, owner: str, now: Callable[[], datetime | None], written: threading.Event
+    ) -> None:
+        """``written`` is set after every batch: a retried task may be due at once."""
+        self.owner = owner
+        self.now = now
+        self._written_event = written
+        self.written = 0  # outcomes recorded (including refused ones)
+        self.refused = 0
+        self._unwritten = 0
+        self._count_lock = threading.Lock()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="outcome-writer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def put(self, outcome: Outcome) -> None:
+        with self._count_lock:
+            self._unwritten += 1
+        self._queue.put(outcome)
+
+    def idle(self) -> bool:
+        """Whether every outcome put so far has been written."""
+        with self._count_lock:
+            return self._unwritten == 0
+
+    def close(self, timeout: float) -> None:
+        """Write what is queued, then stop."""
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            batch = [self._queue.get()]
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if _STOP in batch:
+                stopping = True
+                batch = [o for o in batch if o is not _STOP]
+            if batch:
+                self._write_with_retry(batch)
+        close_old_connections()
+
+    def _write_with_retry(self, batch: list[Outcome]) -> None:
+        delay = 0.1
+        while True:
+            try:
+                self._write(batch)
+                return
+            except DatabaseError:
+                # The database went away or restarted: keep the outcomes and try again.
+                # Leases may expire meanwhile; fencing then refuses the late write.
+                logger.exception(
+                    "writing %d outcomes failed; retrying in %.1f s", len(batch), delay
+                )
+                close_old_connections()
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _write(self, batch: list[Outcome]) -> None:
+        by_kind: dict[OutcomeKind, list[Outcome]] = {}
+        for outcome in batch:
+            by_kind.setdefault(outcome.kind, []).append(outcome)
+        now = self.now()
+        recorded: set = set()
+        if done := by_kind.get(OutcomeKind.COMPLETED):
+            recorded |= queries.complete_tasks(
+                owner=self.owner,
+                done=[(o.task.id, o.task.lease_token, o.result_json, o.summary) for o in done],
+                now=now,
+            )
+        if failed := by_kind.get(OutcomeKind.FAILED):
+            rows = queries.fail_tasks(
+                owner=self.owner,
+                failures=[
+                    (o.task.id, o.task.lease_token, o.retryable, o.base_delay, o.error_json)
+                    for o in failed
+                ],
+                now=now,
+            )
+            recorded |= {row[0] for row in rows}
+        if cancelled := by_kind.get(OutcomeKind.CANCELLED):
+            recorded |= queries.confirm_cancelled(
+                owner=self.owner, held=[(o.task.id, o.task.lease_token) for o in cancelled], now=now
+            )
+        refused = [o.task.id for o in batch if o.task.id not in recorded]
+        if refused:
+            logger.warning("lease lost before the outcome was written; refused: %s", refused)
+        self.refused += len(refused)
+        self.written += len(batch)
+        with self._count_lock:
+            self._unwritten -= len(batch)
+        self._written_event.set()

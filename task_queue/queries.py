@@ -1,0 +1,626 @@
+"""Every raw SQL statement of the queue, named and parameterised.
+
+Nothing else opens a cursor on the queue tables. Each function runs one statement
+on Django's connection for the calling thread, so it joins the caller's transaction
+when there is one (enqueue inside ``transaction.atomic`` rolls back with it).
+
+Time: statements that depend on the clock take ``now``; ``None`` means the
+database's ``now()``. Tests pass a time to step through backoff without sleeping.
+
+Fencing: every write a worker makes about a task names the task, the worker
+(``owner``) and the lease token it was given, and only touches rows still held that
+way. A worker whose lease expired finds its write affects no row, and learns it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.db import connection
+
+NOTIFY_CHANNEL = "automechanica_tasks"
+
+_CLOCK = "SELECT COALESCE(%(now)s::timestamptz, now()) AS now"
+
+
+def _rows(sql: str, params: dict[str, Any]) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+# ---------------------------------------------------------------- enqueue
+
+ENQUEUE_TASKS = f"""
+WITH clock AS ({_CLOCK}),
+input AS MATERIALIZED (
+    SELECT gen_random_uuid() AS id, r.*
+    FROM jsonb_to_recordset(%(tasks)s::jsonb) AS r(
+        ord int, workflow_id uuid, agent_name text, task_type text, payload jsonb,
+        priority int, max_attempts int, available_at timestamptz, delay_seconds float8,
+        idempotency_key text, trace_id text)
+),
+inserted AS (
+    INSERT INTO tasks (id, workflow_id, agent_name, task_type, payload, priority, max_attempts,
+                       available_at, idempotency_key, trace_id, created_at, updated_at)
+    SELECT input.id, workflow_id, agent_name, task_type, payload, priority, max_attempts,
+           COALESCE(input.available_at,
+                    clock.now + make_interval(secs => COALESCE(delay_seconds, 0))),
+           idempotency_key, trace_id, clock_timestamp(), clock.now
+    FROM input, clock
+    ORDER BY ord
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id
+)
+SELECT input.ord, COALESCE(inserted.id, existing.id), inserted.id IS NOT NULL
+FROM input
+LEFT JOIN inserted ON inserted.id = input.id
+LEFT JOIN tasks existing
+       ON inserted.id IS NULL AND existing.idempotency_key = input.idempotency_key
+ORDER BY input.ord
+"""
+
+FIND_TASKS_BY_IDEMPOTENCY_KEY = """
+SELECT idempotency_key, id FROM tasks WHERE idempotency_key = ANY(%(keys)s::text[])
+"""
+
+# Delivered when the enqueuing transaction commits, and not at all if it rolls back.
+NOTIFY_AGENTS = f"""
+SELECT pg_notify('{NOTIFY_CHANNEL}', agent) FROM unnest(%(agents)s::text[]) AS agent
+"""
+
+
+def enqueue_tasks(tasks: Sequence[dict[str, Any]]) -> list[tuple[UUID, bool]]:
+    """Insert tasks; returns (id, created) per input in order.
+
+    A task whose idempotency key exists already is not inserted: its row's id comes
+    back with ``created`` false.
+    """
+    rows = [{**task, "ord": i} for i, task in enumerate(tasks)]
+    result = _rows(ENQUEUE_TASKS, {"tasks": json.dumps(rows, default=str), "now": None})
+    missing = [rows[ord_]["idempotency_key"] for ord_, task_id, _ in result if task_id is None]
+    if missing:
+        # The key's row was committed by a concurrent transaction after this
+        # statement's snapshot, or it came twice in this batch: look it up anew.
+        found = dict(_rows(FIND_TASKS_BY_IDEMPOTENCY_KEY, {"keys": missing}))
+        result = [
+            (o, task_id or found[rows[o]["idempotency_key"]], created)
+            for o, task_id, created in result
+        ]
+    return [(task_id, created) for _, task_id, created in result]
+
+
+def notify_agents(agents: Sequence[str]) -> None:
+    _rows(NOTIFY_AGENTS, {"agents": sorted(set(agents))})
+
+
+# ---------------------------------------------------------------- leasing
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedTask:
+    id: UUID
+    agent_name: str
+    task_type: str
+    payload: dict[str, Any]
+    attempts: int
+    max_attempts: int
+    workflow_id: UUID | None
+    trace_id: str | None
+    lease_token: UUID
+
+
+CLAIM_TASKS = f"""
+WITH clock AS ({_CLOCK}),
+due AS (
+    SELECT t.id
+    FROM tasks t, clock
+    WHERE t.status = 'pending'
+      AND t.agent_name = ANY(%(agents)s::text[])
+      AND t.available_at <= clock.now
+    ORDER BY t.priority, t.created_at
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE tasks t
+SET status = 'leased',
+    lease_owner = %(owner)s,
+    lease_token = gen_random_uuid(),
+    lease_expires_at = clock.now + make_interval(secs => %(lease_seconds)s),
+    updated_at = clock.now
+FROM due, clock
+WHERE t.id = due.id
+RETURNING t.id, t.agent_name, t.task_type, t.payload, t.attempts, t.max_attempts,
+          t.workflow_id, t.trace_id, t.lease_token
+"""
+
+
+def claim_tasks(
+    *, owner: str, agents: Sequence[str], limit: int, lease_seconds: float, now: datetime | None
+) -> list[ClaimedTask]:
+    """Lease up to ``limit`` due pending tasks of ``agents``, best priority first."""
+    params = {
+        "owner": owner,
+        "agents": list(agents),
+        "limit": limit,
+        "lease_seconds": lease_seconds,
+        "now": now,
+    }
+    # Django's psycopg setup hands jsonb back as text; JSONField decodes it, raw SQL here.
+    return [
+        ClaimedTask(task_id, agent, task_type, json.loads(payload), *rest)
+        for task_id, agent, task_type, payload, *rest in _rows(CLAIM_TASKS, params)
+    ]
+
+
+# The held (id, lease_token) pairs a worker passes to fence its writes.
+_HELD = "unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS held(id, lease_token)"
+_FENCED = "t.id = held.id AND t.lease_token = held.lease_token AND t.lease_owner = %(owner)s"
+
+
+def _held(owner: str, held: Sequence[tuple[UUID, UUID]], now: datetime | None) -> dict[str, Any]:
+    return {
+        "owner": owner,
+        "ids": [task_id for task_id, _ in held],
+        "tokens": [token for _, token in held],
+        "now": now,
+    }
+
+
+START_TASKS = f"""
+UPDATE tasks t
+SET status = 'running', started_at = clock.now, updated_at = clock.now
+FROM {_HELD}, ({_CLOCK}) AS clock
+WHERE {_FENCED} AND t.status = 'leased'
+RETURNING t.id
+"""
+
+
+def start_tasks(
+    *, owner: str, held: Sequence[tuple[UUID, UUID]], now: datetime | None
+) -> set[UUID]:
+    """Move leased tasks to running; returns the ids still held (not cancelled meanwhile)."""
+    return {row[0] for row in _rows(START_TASKS, _held(owner, held, now))}
+
+
+HEARTBEAT = f"""
+WITH clock AS ({_CLOCK}),
+extended AS (
+    UPDATE tasks t
+    SET lease_expires_at = clock.now + make_interval(secs => %(lease_seconds)s)
+    FROM {_HELD}, clock
+    WHERE {_FENCED} AND t.status IN ('leased', 'running')
+    RETURNING t.id, t.cancel_requested_at IS NOT NULL
+),
+registered AS (
+    INSERT INTO workers (worker_id, hostname, pid, agents, concurrency, in_flight,
+                         started_at, last_heartbeat_at)
+    SELECT %(owner)s, %(hostname)s, %(pid)s, %(agents)s::text[], %(concurrency)s,
+           %(in_flight)s, clock.now, clock.now
+    FROM clock
+    ON CONFLICT (worker_id) DO UPDATE
+    SET last_heartbeat_at = EXCLUDED.last_heartbeat_at, in_flight = EXCLUDED.in_flight
+)
+SELECT * FROM extended
+"""
+
+
+def heartbeat(
+    *,
+    owner: str,
+    held: Sequence[tuple[UUID, UUID]],
+    lease_seconds: float,
+    hostname: str,
+    pid: int,
+    agents: Sequence[str],
+    concurrency: int,
+    now: datetime | None,
+) -> dict[UUID, bool]:
+    """Extend every lease the worker holds and record that the worker is alive.
+
+    Returns {task id: cancel requested} for the leases still held; a held task
+    missing from the answer was lost (expired and reaped, or cancelled).
+    """
+    params = _held(owner, held, now) | {
+        "lease_seconds": lease_seconds,
+        "hostname": hostname,
+        "pid": pid,
+        "agents": list(agents),
+        "concurrency": concurrency,
+        "in_flight": len(held),
+    }
+    return dict(_rows(HEARTBEAT, params))
+
+
+DELETE_WORKER = "DELETE FROM workers WHERE worker_id = %(owner)s"
+
+
+def delete_worker(owner: str) -> None:
+    _rows_nofetch(DELETE_WORKER, {"owner": owner})
+
+
+NEXT_DUE_AT = """
+SELECT min(available_at) FROM tasks
+WHERE status = 'pending' AND agent_name = ANY(%(agents)s::text[])
+"""
+
+
+def next_due_at(agents: Sequence[str]) -> datetime | None:
+    """When the earliest pending task of ``agents`` falls due (it may be past)."""
+    return _rows(NEXT_DUE_AT, {"agents": list(agents)})[0][0]
+
+
+# ---------------------------------------------------------------- outcomes
+
+COMPLETE_TASKS = f"""
+WITH clock AS ({_CLOCK}),
+held AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(results)s::jsonb[],
+                         %(summaries)s::text[]) AS d(id, lease_token, result, summary)
+),
+completed AS (
+    UPDATE tasks t
+    SET status = 'completed', result = held.result, finished_at = clock.now,
+        updated_at = clock.now, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+    FROM held, clock
+    WHERE {_FENCED} AND t.status = 'running'
+    RETURNING t.id, t.workflow_id, t.agent_name, t.task_type, t.attempts, t.started_at,
+              held.lease_token, held.result, held.summary
+),
+events AS (
+    INSERT INTO agent_events (task_id, workflow_id, agent_name, event_type, content, data,
+                              created_at)
+    SELECT id, workflow_id, agent_name, 'task.completed', summary,
+           jsonb_build_object('task_type', task_type, 'result', result), clock.now
+    FROM completed, clock
+    RETURNING id
+),
+embedding AS (
+    INSERT INTO embedding_jobs (agent_event_id) SELECT id FROM events
+),
+history AS (
+    INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
+                              lease_token, started_at, occurred_at)
+    SELECT id, 'completed', 'running', 'completed', attempts + 1, %(owner)s, lease_token,
+           started_at, clock.now
+    FROM completed, clock
+)
+SELECT id FROM completed
+"""
+
+
+def complete_tasks(
+    *,
+    owner: str,
+    done: Sequence[tuple[UUID, UUID, str, str]],
+    now: datetime | None,
+) -> set[UUID]:
+    """Record successes: (id, lease token, result as JSON text, event summary) each.
+
+    In the same statement: the AgentEvent, its embedding job and the history row.
+    Returns the ids whose lease was still held; the others were refused.
+    """
+    params = {
+        "owner": owner,
+        "ids": [d[0] for d in done],
+        "tokens": [d[1] for d in done],
+        "results": [d[2] for d in done],
+        "summaries": [d[3] for d in done],
+        "now": now,
+    }
+    return {row[0] for row in _rows(COMPLETE_TASKS, params)}
+
+
+FAIL_TASKS = f"""
+WITH clock AS ({_CLOCK}),
+held AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(retryable)s::bool[],
+                         %(base_delays)s::float8[], %(errors)s::jsonb[])
+        AS f(id, lease_token, retryable, base_delay, error)
+),
+failed AS (
+    UPDATE tasks t
+    SET attempts = t.attempts + 1,
+        status = CASE WHEN NOT held.retryable THEN 'failed'
+                      WHEN t.attempts + 1 >= t.max_attempts THEN 'dead'
+                      ELSE 'pending' END,
+        available_at = CASE WHEN held.retryable AND t.attempts + 1 < t.max_attempts
+                            THEN clock.now
+                                 + make_interval(secs => (t.attempts + 1) ^ 2 * held.base_delay)
+                            ELSE t.available_at END,
+        error_info = held.error || jsonb_build_object(
+            'attempt', t.attempts + 1, 'worker', %(owner)s, 'at', clock.now),
+        finished_at = clock.now, updated_at = clock.now,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+    FROM held, clock
+    WHERE {_FENCED} AND t.status = 'running'
+    RETURNING t.id, t.status, t.attempts, t.available_at, t.started_at, t.error_info,
+              held.lease_token
+),
+history AS (
+    INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
+                              lease_token, started_at, occurred_at, error, detail)
+    SELECT id, CASE status WHEN 'pending' THEN 'retry_scheduled' ELSE status END,
+           'running', status, attempts, %(owner)s, lease_token, started_at, clock.now,
+           error_info,
+           CASE status WHEN 'pending' THEN jsonb_build_object('retry_at', available_at) END
+    FROM failed, clock
+)
+SELECT id, status, attempts, available_at FROM failed
+"""
+
+
+def fail_tasks(
+    *,
+    owner: str,
+    failures: Sequence[tuple[UUID, UUID, bool, float, str]],
+    now: datetime | None,
+) -> list[tuple[UUID, str, int, datetime]]:
+    """Record failed attempts: (id, lease token, retryable, base delay, error JSON) each.
+
+    attempts + 1; a retryable failure goes back to pending ``attempts² × base_delay``
+    seconds from now, or to dead once attempts reach max_attempts; a non-retryable
+    one to failed. Returns (id, new status, attempts, available_at) per held task.
+    """
+    params = {
+        "owner": owner,
+        "ids": [f[0] for f in failures],
+        "tokens": [f[1] for f in failures],
+        "retryable": [f[2] for f in failures],
+        "base_delays": [f[3] for f in failures],
+        "errors": [f[4] for f in failures],
+        "now": now,
+    }
+    return _rows(FAIL_TASKS, params)
+
+
+CONFIRM_CANCELLED = f"""
+WITH clock AS ({_CLOCK}),
+cancelled AS (
+    UPDATE tasks t
+    SET status = 'cancelled', finished_at = clock.now, updated_at = clock.now,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+    FROM {_HELD}, clock
+    WHERE {_FENCED} AND t.status = 'running'
+    RETURNING t.id, t.attempts, t.started_at, held.lease_token
+),
+history AS (
+    INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
+                              lease_token, started_at, occurred_at)
+    SELECT id, 'cancelled', 'running', 'cancelled', attempts + 1, %(owner)s, lease_token,
+           started_at, clock.now
+    FROM cancelled, clock
+)
+SELECT id FROM cancelled
+"""
+
+
+def confirm_cancelled(
+    *, owner: str, held: Sequence[tuple[UUID, UUID]], now: datetime | None
+) -> set[UUID]:
+    """A worker stopped handlers whose cancellation was requested: mark them cancelled."""
+    return {row[0] for row in _rows(CONFIRM_CANCELLED, _held(owner, held, now))}
+
+
+RELEASE_TASKS = f"""
+WITH clock AS ({_CLOCK}),
+target AS (
+    SELECT t.id, t.status, held.lease_token
+    FROM tasks t, {_HELD}
+    WHERE {_FENCED} AND t.status IN ('leased', 'running')
+    FOR UPDATE OF t
+),
+released AS (
+    UPDATE tasks t
+    SET status = 'pending', available_at = clock.now, updated_at = clock.now,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+    FROM target, clock
+    WHERE t.id = target.id
+    RETURNING t.id, t.agent_name, t.attempts, t.started_at, target.status, target.lease_token
+),
+history AS (
+    INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
+                              lease_token, started_at, occurred_at)
+    SELECT id, 'released', status, 'pending', attempts + 1, %(owner)s, lease_token,
+           started_at, clock.now
+    FROM released, clock
+)
+SELECT id, agent_name FROM released
+"""
+
+
+def release_tasks(
+    *, owner: str, held: Sequence[tuple[UUID, UUID]], now: datetime | None
+) -> list[tuple[UUID, str]]:
+    """Give held tasks back as pending and due now, without counting an attempt."""
+    return _rows(RELEASE_TASKS, _held(owner, held, now))
+
+
+# ---------------------------------------------------------------- maintenance
+
+TRY_ADVISORY_XACT_LOCK = "SELECT pg_try_advisory_xact_lock(%(key)s)"
+
+
+def try_advisory_xact_lock(key: int) -> bool:
+    """Take a cluster-wide lock until the current transaction ends, if it is free."""
+    return _rows(TRY_ADVISORY_XACT_LOCK, {"key": key})[0][0]
+
+
+REAP_EXPIRED_LEASES = f"""
+WITH clock AS ({_CLOCK}),
+expired AS (
+    SELECT t.id, t.status, t.lease_owner, t.lease_token, t.cancel_requested_at IS NOT NULL
+               AS cancel_requested
+    FROM tasks t, clock
+    WHERE t.status IN ('leased', 'running') AND t.lease_expires_at < clock.now
+    ORDER BY t.lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+),
+reaped AS (
+    UPDATE tasks t
+    SET attempts = t.attempts + (expired.status = 'running')::int,
+        status = CASE WHEN expired.cancel_requested THEN 'cancelled'
+                      WHEN expired.status = 'running' AND t.attempts + 1 >= t.max_attempts
+                          THEN 'dead'
+                      ELSE 'pending' END,
+        available_at = clock.now,
+        error_info = CASE WHEN expired.status = 'running' THEN jsonb_build_object(
+                'type', 'LeaseExpired',
+                'message', 'lease expired: worker ' || expired.lease_owner
+                           || ' stopped heartbeating while running the task',
+                'retryable', true, 'attempt', t.attempts + 1,
+                'worker', expired.lease_owner, 'at', clock.now)
+            ELSE t.error_info END,
+        finished_at = CASE WHEN expired.status = 'running' THEN clock.now END,
+        updated_at = clock.now,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+    FROM expired, clock
+    WHERE t.id = expired.id
+    RETURNING t.id, t.agent_name, t.status, t.attempts, t.started_at, t.error_info,
+              expired.status AS from_status, expired.lease_owner, expired.lease_token
+),
+history AS (
+    INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
+                              lease_token, started_at, occurred_at, error, detail)
+    SELECT id, 'lease_expired', from_status, status, attempts, 'reaper', lease_token,
+           started_at, clock.now,
+           CASE WHEN from_status = 'running' THEN error_info END,
+           jsonb_build_object('worker', lease_owner)
+    FROM reaped, clock
+)
+SELECT id, agent_name, status FROM reaped
+"""
+
+
+def reap_expired_leases(*, limit: int, now: datetime | None) -> list[tuple[UUID, str, str]]:
+    """Return tasks whose lease ran out to pending (or dead); (id, agent, status) each.
+
+    A task that was running counts the attempt, so a task that kills its worker
+    every time ends dead instead of looping. A task only leased, never started,
+    goes back without counting one.
+    """
+    return _rows(REAP_EXPIRED_LEASES, {"limit": limit, "now": now})
+
+
+PRUNE_STALE_WORKERS = f"""
+DELETE FROM workers
+WHERE last_heartbeat_at < ({_CLOCK}) - make_interval(secs => %(stale_seconds)s)
+"""
+
+
+def prune_stale_workers(*, stale_seconds: float, now: datetime | None) -> int:
+    return _rows_nofetch(PRUNE_STALE_WORKERS, {"stale_seconds": stale_seconds, "now": now})
+
+
+# ---------------------------------------------------------------- operator actions
+
+REVIVE_TASKS = f"""
+WITH clock AS ({_CLOCK}),
+target AS (
+    SELECT id, status FROM tasks
+    WHERE id = ANY(%(ids)s::uuid[]) AND status IN ('dead', 'failed')
+    FOR UPDATE
+),
+revived AS (
+    UPDATE tasks t
+    SET status = 'pending', attempts = 0, available_at = clock.now, updated_at = clock.now,
+        payload = COALESCE(%(payload)s::jsonb, t.payload), cancel_requested_at = NULL
+    FROM target, clock
+    WHERE t.id = target.id
+    RETURNING t.id, t.agent_name, target.status AS from_status
+),
+history AS (
+    INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
+                              occurred_at, detail)
+    SELECT id, 'revived', from_status, 'pending', 0, %(actor)s, clock.now,
+           jsonb_build_object('payload_changed', %(payload)s::jsonb IS NOT NULL)
+    FROM revived, clock
+)
+SELECT id, agent_name FROM revived
+"""
+
+
+def revive_tasks(
+    *, ids: Sequence[UUID], actor: str, payload: str | None, now: datetime | None
+) -> list[tuple[UUID, str]]:
+    """Dead or failed → pending, due now, with a fresh attempt budget; (id, agent) each."""
+    return _rows(REVIVE_TASKS, {"ids": list(ids), "actor": actor, "payload": payload, "now": now})
+
+
+CANCEL_TASKS = f"""
+WITH clock AS ({_CLOCK}),
+target AS (
+    SELECT id, status, attempts FROM tasks
+    WHERE id = ANY(%(ids)s::uuid[]) AND status IN ('pending', 'leased', 'running')
+      AND cancel_requested_at IS NULL
+    FOR UPDATE
+),
+cancelled AS (
+    UPDATE tasks t
+    SET status = 'cancelled', finished_at = clock.now, updated_at = clock.now,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+    FROM target, clock
+    WHERE t.id = target.id AND target.status IN ('pending', 'leased')
+    RETURNING t.id, target.status AS from_status, t.status AS to_status, t.attempts
+),
+requested AS (
+    UPDATE tasks t
+    SET cancel_requested_at = clock.now, updated_at = clock.now
+    FROM target, clock
+    WHERE t.id = target.id AND target.status = 'running'
+    RETURNING t.id, target.status AS from_status, t.status AS to_status, t.attempts
+),
+changed AS (
+    SELECT *, 'cancelled' AS event FROM cancelled
+    UNION ALL
+    SELECT *, 'cancel_requested' AS event FROM requested
+),
+history AS (
+    INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
+                              occurred_at)
+    SELECT id, event, from_status, to_status, attempts, %(actor)s, clock.now
+    FROM changed, clock
+)
+SELECT id, event FROM changed
+"""
+
+
+def cancel_tasks(
+    *, ids: Sequence[UUID], actor: str, now: datetime | None
+) -> list[tuple[UUID, str]]:
+    """Pending/leased → cancelled now; running → cancel requested. (id, event) each."""
+    return _rows(CANCEL_TASKS, {"ids": list(ids), "actor": actor, "now": now})
+
+
+# ---------------------------------------------------------------- reading
+
+COUNT_TASKS_BY_AGENT_AND_STATUS = """
+SELECT agent_name, status, count(*) FROM tasks GROUP BY agent_name, status
+"""
+
+
+def count_tasks_by_agent_and_status() -> list[tuple[str, str, int]]:
+    return _rows(COUNT_TASKS_BY_AGENT_AND_STATUS, {})
+
+
+OLDEST_PENDING_AGE = """
+SELECT EXTRACT(EPOCH FROM now() - min(available_at))::float8
+FROM tasks WHERE status = 'pending' AND available_at <= now()
+"""
+
+
+def oldest_pending_age_seconds() -> float | None:
+    """How long the longest-waiting due task has waited, or None if none waits."""
+    return _rows(OLDEST_PENDING_AGE, {})[0][0]
+
+
+def _rows_nofetch(sql: str, params: dict[str, Any]) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount

@@ -1,0 +1,313 @@
+"""A worker process: leases tasks of some agents and runs them on a pool of threads.
+
+Threads, and what each one does:
+
+- the fetch loop (the caller's thread) claims as many due tasks as there are free
+  slots in one statement, marks them running in a second, and hands them to the
+  handler threads. It sleeps until a NOTIFY for one of its agents, a free slot, the
+  next task's ``available_at`` or the poll interval, whichever comes first;
+- ``concurrency`` handler threads run agents (``execution.run_handler``);
+- the outcome writer records finished tasks in batches (``outcomes``);
+- the monitor heartbeats every ``lease/3`` (one statement extends all leases and
+  reports cancellation requests and lost leases), runs the reaper, and fails
+  handlers that pass their agent's timeout;
+- the listener turns notifications into wake-ups (``notifications``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from uuid import UUID
+
+from django.db import DatabaseError, connection, transaction
+
+from agents_app import registry
+
+from . import queries, reaper
+from .execution import InFlight, StopReason, deadline_for, run_handler, timed_out
+from .notifications import Listener
+from .outcomes import OutcomeWriter
+
+logger = logging.getLogger(__name__)
+
+MONITOR_TICK_SECONDS = 0.25
+MIN_IDLE_WAIT_SECONDS = 0.005
+
+
+@dataclass
+class WorkerConfig:
+    agents: list[str]
+    concurrency: int = 10
+    lease_seconds: float = 30.0
+    poll_seconds: float = 5.0
+    reaper_seconds: float = 5.0
+    grace_seconds: float = 10.0
+    burst: bool = False
+    max_tasks: int | None = None
+
+
+@dataclass
+class WorkerReport:
+    claimed: int
+    written: int
+    refused: int
+    released: int
+
+
+def worker_id() -> str:
+    """hostname + process id (spec 001 §6)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Worker:
+    def __init__(
+        self, config: WorkerConfig, *, now: Callable[[], datetime | None] = lambda: None
+    ) -> None:
+        """``now`` gives the time for every queue statement; None means the database's
+        clock. Tests pass a fixed time to step through backoff without sleeping."""
+        self.config = config
+        self.now = now
+        self.id = worker_id()
+        self.agents = {name: registry.get(name)() for name in config.agents}
+        self.inflight: dict[UUID, InFlight] = {}
+        self.claimed = 0
+        self.released = 0
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._monitor_stop = threading.Event()
+        self._work: queue.SimpleQueue[InFlight | None] = queue.SimpleQueue()
+        self._writer = OutcomeWriter(self.id, now, written=self._wake)
+        self._listener = Listener(self.agents, self._wake)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def run(self) -> WorkerReport:
+        """Work until stopped (or, with ``burst``/``max_tasks``, until done)."""
+        self._writer.start()
+        self._listener.start()
+        if not self._listener.ready.wait(10):
+            logger.warning("LISTEN not in effect after 10 s; relying on polling")
+        for i in range(self.config.concurrency):
+            threading.Thread(target=self._handle_loop, name=f"handler-{i}", daemon=True).start()
+        self._heartbeat()  # registers the worker before it takes any task
+        monitor = threading.Thread(target=self._monitor_loop, name="monitor", daemon=True)
+        monitor.start()
+        logger.info(
+            "worker %s ready: agents %s, concurrency %d",
+            self.id,
+            ", ".join(self.agents),
+            self.config.concurrency,
+        )
+        try:
+            self._fetch_loop()
+        finally:
+            self._shutdown(monitor)
+        return WorkerReport(self.claimed, self._writer.written, self._writer.refused, self.released)
+
+    def request_stop(self) -> None:
+        """Stop leasing; in-flight tasks get the grace period to finish (thread-safe)."""
+        self._stopping.set()
+        self._wake.set()
+
+    # ------------------------------------------------------------ fetching
+
+    def _fetch_loop(self) -> None:
+        backoff = 0.1
+        while not self._stopping.is_set():
+            self._wake.clear()
+            free = self._free_slots()
+            try:
+                claimed = self._claim_and_dispatch(free) if free else 0
+                if free and claimed == free:
+                    continue  # there may be more due right now
+                if self._finished(claimed):
+                    return
+                wait = self._idle_wait() if free else self.config.poll_seconds
+                backoff = 0.1
+            except DatabaseError:
+                logger.exception("fetching tasks failed; retrying in %.1f s", backoff)
+                connection.close()
+                wait, backoff = backoff, min(backoff * 2, 5.0)
+            self._wake.wait(wait)
+
+    def _free_slots(self) -> int:
+        free = self.config.concurrency - len(self.inflight)
+        if self.config.max_tasks is not None:
+            free = min(free, self.config.max_tasks - self.claimed)
+        return max(free, 0)
+
+    def _finished(self, claimed_now: int) -> bool:
+        if self.inflight or claimed_now or not self._writer.idle():
+            return False
+        if self.config.max_tasks is not None and self.claimed >= self.config.max_tasks:
+            return True
+        return self.config.burst
+
+    def _claim_and_dispatch(self, limit: int) -> int:
+        now = self.now()
+        claimed = queries.claim_tasks(
+            owner=self.id,
+            agents=list(self.agents),
+            limit=limit,
+            lease_seconds=self.config.lease_seconds,
+            now=now,
+        )
+        if not claimed:
+            return 0
+        self.claimed += len(claimed)
+        flights = [self._in_flight(task) for task in claimed]
+        with self._lock:  # held from here on, so the heartbeat extends these leases
+            self.inflight.update((f.task.id, f) for f in flights)
+        try:
+            started = queries.start_tasks(owner=self.id, held=[f.held for f in flights], now=now)
+        except DatabaseError:
+            self._forget(flights)  # still leased: the reaper gives them back unharmed
+            raise
+        self._forget([f for f in flights if f.task.id not in started])  # cancelled meanwhile
+        for flight in flights:
+            if flight.task.id in started:
+                self._work.put(flight)
+        return len(claimed)
+
+    def _in_flight(self, task: queries.ClaimedTask) -> InFlight:
+        agent = self.agents[task.agent_name]
+        return InFlight(task=task, agent=agent, deadline=deadline_for(agent))
+
+    def _forget(self, flights: list[InFlight]) -> None:
+        with self._lock:
+            for flight in flights:
+                self.inflight.pop(flight.task.id, None)
+
+    def _idle_wait(self) -> float:
+        """Seconds until the next pending task falls due, within the poll interval."""
+        next_due = queries.next_due_at(list(self.agents))
+        if next_due is None:
+            return self.config.poll_seconds
+        now = self.now() or datetime.now(UTC)
+        seconds = (next_due - now).total_seconds()
+        return min(max(seconds, MIN_IDLE_WAIT_SECONDS), self.config.poll_seconds)
+
+    # ------------------------------------------------------------ handling
+
+    def _handle_loop(self) -> None:
+        while (flight := self._work.get()) is not None:
+            try:
+                outcome = run_handler(flight)
+                if outcome is not None and flight.settle():
+                    self._writer.put(outcome)
+            finally:
+                self._forget([flight])
+                self._wake.set()
+
+    # ------------------------------------------------------------ monitoring
+
+    def _monitor_loop(self) -> None:
+        heartbeat_every = self.config.lease_seconds / 3
+        next_heartbeat = time.monotonic() + heartbeat_every
+        next_reap = time.monotonic()
+        while not self._monitor_stop.wait(MONITOR_TICK_SECONDS):
+            now = time.monotonic()
+            self._fail_timed_out(now)
+            if now >= next_heartbeat:
+                self._heartbeat()
+                next_heartbeat = now + heartbeat_every
+            if now >= next_reap:
+                self._reap()
+                next_reap = now + self.config.reaper_seconds
+        connection.close()
+
+    def _held_flights(self) -> list[InFlight]:
+        with self._lock:
+            return [f for f in self.inflight.values() if not f.settled]
+
+    def _heartbeat(self) -> None:
+        flights = self._held_flights()
+        try:
+            alive = queries.heartbeat(
+                owner=self.id,
+                held=[f.held for f in flights],
+                lease_seconds=self.config.lease_seconds,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                agents=list(self.agents),
+                concurrency=self.config.concurrency,
+                now=self.now(),
+            )
+        except DatabaseError:
+            logger.exception("heartbeat failed")
+            connection.close()
+            return
+        for flight in flights:
+            if flight.task.id not in alive:
+                if flight.settle():
+                    logger.warning("lost the lease on task %s; stopping it", flight.task.id)
+                    flight.stop(StopReason.LEASE_LOST)
+            elif alive[flight.task.id]:
+                flight.stop(StopReason.CANCEL_REQUESTED)
+
+    def _fail_timed_out(self, now: float) -> None:
+        for flight in self._held_flights():
+            if now > flight.deadline and flight.settle():
+                logger.warning("task %s timed out; stopping it", flight.task.id)
+                flight.stop(StopReason.TIMED_OUT)
+                self._writer.put(timed_out(flight))
+
+    def _reap(self) -> None:
+        try:
+            reaper.reap_expired_leases(
+                now=self.now(), stale_worker_seconds=max(3 * self.config.lease_seconds, 30.0)
+            )
+        except DatabaseError:
+            logger.exception("reaper pass failed")
+            connection.close()
+
+    # ------------------------------------------------------------ shutdown
+
+    def _shutdown(self, monitor: threading.Thread) -> None:
+        """Let in-flight tasks finish within the grace period, then give back the rest."""
+        self._stopping.set()
+        deadline = time.monotonic() + self.config.grace_seconds
+        while self.inflight and (remaining := deadline - time.monotonic()) > 0:
+            self._wake.clear()
+            if self.inflight:
+                self._wake.wait(min(remaining, 0.1))
+        unfinished = [f for f in self._held_flights() if f.settle()]
+        for flight in unfinished:
+            flight.stop(StopReason.SHUTDOWN)
+        self._writer.close(timeout=30)
+        if unfinished:
+            self._release(unfinished)
+        self._monitor_stop.set()
+        monitor.join(5)
+        self._listener.stop()
+        for _ in range(self.config.concurrency):
+            self._work.put(None)
+        try:
+            queries.delete_worker(self.id)
+        except DatabaseError:
+            logger.exception("could not remove the worker's row")
+        connection.close()
+
+    def _release(self, flights: list[InFlight]) -> None:
+        try:
+            with transaction.atomic():
+                released = queries.release_tasks(
+                    owner=self.id, held=[f.held for f in flights], now=self.now()
+                )
+                queries.notify_agents([agent for _, agent in released])
+        except DatabaseError:
+            logger.exception(
+                "releasing %d leases failed; the reaper will recover them", len(flights)
+            )
+            return
+        self.released = len(released)
+        logger.info("released %d unfinished tasks for other workers", len(released))

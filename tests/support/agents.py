@@ -1,0 +1,55 @@
+"""Agents used only by the tests, loaded through AUTOMECHANICA_AGENT_MODULES."""
+
+from typing import Any
+
+from django.db import connection
+
+from agents_app.base import Agent, TaskContext
+from agents_app.registry import register
+
+RUNS_TABLE = "test_task_runs"
+CREATE_RUNS_TABLE = f"""
+CREATE TABLE IF NOT EXISTS {RUNS_TABLE} (
+    task_id uuid NOT NULL,
+    attempt int NOT NULL,
+    worker_pid int NOT NULL,
+    ran_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (task_id, attempt)
+)
+"""
+
+
+def record_run(task: TaskContext) -> None:
+    """Insert a row for this run of this attempt: a second run of the same attempt
+    violates the primary key, so a task run twice cannot go unnoticed."""
+    import os
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {RUNS_TABLE} (task_id, attempt, worker_pid) VALUES (%s, %s, %s)",
+            [task.id, task.attempt, os.getpid()],
+        )
+
+
+@register
+class RunRecorderAgent(Agent):
+    name = "RunRecorder"
+    task_types = ("record",)
+
+    def handle(self, task: TaskContext) -> dict[str, Any]:
+        record_run(task)
+        return {"recorded": str(task.id)}
+
+
+@register
+class CrashTestAgent(Agent):
+    """Hangs on the first attempt (the test kills its worker then); succeeds after."""
+
+    name = "CrashTest"
+    task_types = ("crash",)
+
+    def handle(self, task: TaskContext) -> dict[str, Any]:
+        record_run(task)
+        if task.attempt == 0:
+            task.sleep(task.payload.get("hang_seconds", 120))
+        return {"survived_attempt": task.attempt}

@@ -1,0 +1,131 @@
+"""The management commands, as an operator runs them."""
+
+import json
+import re
+import subprocess
+import sys
+from io import StringIO
+
+import pytest
+from django.core.management import call_command, get_commands
+from django.core.management.base import CommandError
+
+from task_queue.models import Task, TaskStatus
+
+from .conftest import REPO, manage_env
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+UUID_LINE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def call(*args):
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def test_our_runworker_wins_over_channels():
+    assert get_commands()["runworker"] == "task_queue"
+
+
+def test_enqueue_prints_one_id_per_line():
+    out = call(
+        "enqueue",
+        "EchoAgent",
+        "echo",
+        "--payload",
+        '{"n": 1}',
+        "--priority",
+        "0",
+        "--max-attempts",
+        "5",
+        "--count",
+        "3",
+        "--delay",
+        "30",
+    )
+    lines = out.strip().splitlines()
+    assert len(lines) == 3 and all(UUID_LINE.match(line) for line in lines)
+    tasks = Task.objects.filter(id__in=lines)
+    assert {(t.payload["n"], t.priority, t.max_attempts, t.status) for t in tasks} == {
+        (1, 0, 5, TaskStatus.PENDING)
+    }
+    task = tasks.first()
+    assert 29 < (task.available_at - task.created_at).total_seconds() <= 30
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["Nobody", "echo"], "AGENT: unknown agent 'Nobody'; known: "),
+        (["EchoAgent", "shout"], "TASK_TYPE: EchoAgent handles echo, not 'shout'"),
+        (["EchoAgent", "echo", "--payload", "{nope"], "--payload is not valid JSON"),
+        (["EchoAgent", "echo", "--payload", "[1]"], "--payload: must be a JSON object"),
+        (["EchoAgent", "echo", "--priority", "10"], "--priority: must be an integer from 0 to 9"),
+        (["EchoAgent", "echo", "--priority", "-1"], "--priority: must be an integer from 0 to 9"),
+        (["EchoAgent", "echo", "--max-attempts", "0"], "--max-attempts: must be an integer of"),
+        (["EchoAgent", "echo", "--count", "0"], "--count must be at least 1"),
+        (["EchoAgent", "echo", "--delay", "-5"], "--delay: must be a non-negative number"),
+    ],
+)
+def test_enqueue_refuses_bad_input_and_writes_nothing(args, message):
+    with pytest.raises(CommandError, match=re.escape(message)):
+        call("enqueue", *args)
+    assert Task.objects.count() == 0
+
+
+def test_enqueue_error_is_one_line_and_non_zero_exit():
+    result = subprocess.run(
+        [sys.executable, "manage.py", "enqueue", "EchoAgent", "echo", "--priority", "99"],
+        cwd=REPO,
+        env=manage_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        "CommandError: --priority: must be an integer from 0 to 9"
+    ]
+
+
+def test_queue_stats_json_has_every_status():
+    call("enqueue", "EchoAgent", "echo", "--count", "2")
+    call("enqueue", "RunRecorder", "record")
+    stats = json.loads(call("queue_stats", "--json"))
+    statuses = {"pending", "leased", "running", "completed", "failed", "dead", "cancelled"}
+    assert set(stats["totals"]) == statuses
+    assert stats["totals"]["pending"] == 3
+    assert stats["by_agent"]["EchoAgent"] == {s: (2 if s == "pending" else 0) for s in statuses}
+    assert stats["by_agent"]["RunRecorder"]["pending"] == 1
+    assert stats["oldest_pending_age_seconds"] >= 0
+
+
+def test_queue_stats_table():
+    call("enqueue", "EchoAgent", "echo")
+    out = call("queue_stats")
+    assert out.splitlines()[0].split() == [
+        "agent",
+        "pending",
+        "leased",
+        "running",
+        "completed",
+        "failed",
+        "dead",
+        "cancelled",
+    ]
+    assert out.splitlines()[1].split()[:2] == ["EchoAgent", "1"]
+
+
+def test_runworker_refuses_unknown_agent():
+    with pytest.raises(CommandError, match="unknown agent Nobody; known agents: "):
+        call("runworker", "Nobody")
+
+
+def test_runworker_max_tasks():
+    call("enqueue", "EchoAgent", "echo", "--count", "5")
+    call("runworker", "EchoAgent", "--max-tasks", "3", "--concurrency", "2")
+    assert Task.objects.filter(status=TaskStatus.COMPLETED).count() == 3
+    assert Task.objects.filter(status=TaskStatus.PENDING).count() == 2

@@ -1,0 +1,132 @@
+"""The fenced statements of task_queue.queries, driven directly with a controlled clock."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from task_queue import operations, queries, reaper
+from task_queue.models import Task, TaskHistory, TaskStatus
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LEASE = 30.0
+
+
+def claim_and_start(owner, now):
+    (task,) = queries.claim_tasks(
+        owner=owner, agents=["EchoAgent"], limit=1, lease_seconds=LEASE, now=now
+    )
+    assert queries.start_tasks(owner=owner, held=[(task.id, task.lease_token)], now=now) == {
+        task.id
+    }
+    return task
+
+
+def test_same_worker_cannot_write_with_a_lease_it_lost():
+    """A worker whose lease expired, and who then claimed the same task again, must
+    not be able to finish the old attempt: the token, not just the owner, fences."""
+    task_id = operations.enqueue("EchoAgent", "echo").id
+    t0 = datetime.now(UTC) + timedelta(seconds=1)
+    first = claim_and_start("host:1", t0)
+
+    after_expiry = t0 + timedelta(seconds=LEASE + 1)
+    assert reaper.reap_expired_leases(now=after_expiry) == [(task_id, "EchoAgent", "pending")]
+    second = claim_and_start("host:1", after_expiry)
+    assert second.lease_token != first.lease_token
+
+    stale = (task_id, first.lease_token, '{"from": "stale"}', "stale")
+    assert queries.complete_tasks(owner="host:1", done=[stale], now=after_expiry) == set()
+    assert (
+        queries.heartbeat(
+            owner="host:1",
+            held=[(task_id, first.lease_token)],
+            lease_seconds=LEASE,
+            hostname="host",
+            pid=1,
+            agents=["EchoAgent"],
+            concurrency=1,
+            now=after_expiry,
+        )
+        == {}
+    )
+    fresh = (task_id, second.lease_token, '{"from": "fresh"}', "fresh")
+    assert queries.complete_tasks(owner="host:1", done=[fresh], now=after_expiry) == {task_id}
+    assert Task.objects.get(id=task_id).result == {"from": "fresh"}
+
+
+def test_heartbeat_extends_the_lease_so_the_reaper_leaves_it():
+    operations.enqueue("EchoAgent", "echo")
+    t0 = datetime.now(UTC) + timedelta(seconds=1)
+    task = claim_and_start("host:1", t0)
+    later = t0 + timedelta(seconds=LEASE - 1)
+    alive = queries.heartbeat(
+        owner="host:1",
+        held=[(task.id, task.lease_token)],
+        lease_seconds=LEASE,
+        hostname="host",
+        pid=1,
+        agents=["EchoAgent"],
+        concurrency=1,
+        now=later,
+    )
+    assert alive == {task.id: False}
+    assert reaper.reap_expired_leases(now=t0 + timedelta(seconds=LEASE + 1)) == []
+    assert Task.objects.get(id=task.id).lease_expires_at == later + timedelta(seconds=LEASE)
+
+
+def test_a_task_that_keeps_killing_its_worker_ends_dead():
+    task_id = operations.enqueue("EchoAgent", "echo", max_attempts=2).id
+    now = datetime.now(UTC) + timedelta(seconds=1)
+    statuses = []
+    for _ in range(2):
+        claim_and_start(f"host:{len(statuses)}", now)
+        now += timedelta(seconds=LEASE + 1)
+        statuses += [status for _, _, status in reaper.reap_expired_leases(now=now)]
+    assert statuses == ["pending", "dead"]
+    task = Task.objects.get(id=task_id)
+    assert (task.status, task.attempts, task.error_info["type"]) == ("dead", 2, "LeaseExpired")
+    assert list(
+        TaskHistory.objects.filter(task_id=task_id).values_list("to_status", flat=True)
+    ) == [
+        "pending",
+        "dead",
+    ]
+
+
+def test_a_lease_that_expires_before_the_task_started_counts_no_attempt():
+    task_id = operations.enqueue("EchoAgent", "echo").id
+    t0 = datetime.now(UTC) + timedelta(seconds=1)
+    queries.claim_tasks(owner="host:1", agents=["EchoAgent"], limit=1, lease_seconds=LEASE, now=t0)
+    reaper.reap_expired_leases(now=t0 + timedelta(seconds=LEASE + 1))
+    task = Task.objects.get(id=task_id)
+    assert (task.status, task.attempts, task.error_info) == (TaskStatus.PENDING, 0, None)
+
+
+def test_cancel_of_a_leased_task_keeps_it_from_starting():
+    task_id = operations.enqueue("EchoAgent", "echo").id
+    (task,) = queries.claim_tasks(
+        owner="host:1", agents=["EchoAgent"], limit=1, lease_seconds=LEASE, now=None
+    )
+    assert operations.cancel([task_id], actor="user:test") == {task_id: "cancelled"}
+    assert (
+        queries.start_tasks(owner="host:1", held=[(task.id, task.lease_token)], now=None) == set()
+    )
+    assert Task.objects.get(id=task_id).status == TaskStatus.CANCELLED
+
+
+def test_only_one_reaper_runs_at_a_time():
+    from django.db import connections, transaction
+
+    from task_queue.reaper import REAPER_LOCK_KEY
+
+    other = connections.create_connection("default")
+    try:
+        other.set_autocommit(False)
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [REAPER_LOCK_KEY])
+        assert reaper.reap_expired_leases() is None
+        other.rollback()
+        assert reaper.reap_expired_leases() == []
+    finally:
+        other.close()
+    assert not transaction.get_connection().in_atomic_block

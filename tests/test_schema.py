@@ -1,0 +1,123 @@
+"""The database schema matches the code, and migrate explains a missing pgvector."""
+
+import re
+import subprocess
+import sys
+
+import psycopg
+import pytest
+from django.db import connection
+
+from task_queue.models import PRIORITY_MAX, PRIORITY_MIN, TaskStatus
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.django_db
+
+SPEC_TASK_COLUMNS = {
+    "id",
+    "workflow_id",
+    "agent_name",
+    "task_type",
+    "payload",
+    "priority",
+    "status",
+    "attempts",
+    "max_attempts",
+    "available_at",
+    "lease_owner",
+    "lease_expires_at",
+    "error_info",
+    "created_at",
+    "updated_at",
+}
+
+
+def constraint_definition(name):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = %s", [name]
+        )
+        return cursor.fetchone()[0]
+
+
+def test_status_values_in_python_and_database_agree():
+    allowed = set(re.findall(r"'(\w+)'::text", constraint_definition("tasks_status_valid")))
+    assert allowed == set(TaskStatus.values)
+    assert allowed == {"pending", "leased", "running", "completed", "failed", "dead", "cancelled"}
+
+
+def test_priority_range_in_python_and_database_agree():
+    definition = constraint_definition("tasks_priority_range")
+    assert f">= {PRIORITY_MIN}" in definition and f"<= {PRIORITY_MAX}" in definition
+
+
+def test_tables_and_task_columns_are_named_as_the_spec_says():
+    with connection.cursor() as cursor:
+        tables = {t.name for t in connection.introspection.get_table_list(cursor)}
+        columns = {c.name for c in connection.introspection.get_table_description(cursor, "tasks")}
+    assert {"workflows", "tasks", "agent_events", "embedding_jobs", "task_queue_metrics"} <= tables
+    assert columns >= SPEC_TASK_COLUMNS
+    assert {"result", "lease_token", "idempotency_key", "trace_id"} <= columns
+
+
+def test_pgvector_is_enabled():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+        assert cursor.fetchone() is not None
+
+
+def test_no_model_changes_without_migrations():
+    result = subprocess.run(
+        [sys.executable, "manage.py", "makemigrations", "--check", "--dry-run"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+SYSTEM_POSTGRES = "postgresql://postgres@%2Fvar%2Frun%2Fpostgresql/postgres"
+
+
+def _server_without_pgvector():
+    try:
+        with psycopg.connect(SYSTEM_POSTGRES, connect_timeout=3) as conn:
+            row = conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'")
+            return row.fetchone() is None
+    except psycopg.Error:
+        return False
+
+
+@pytest.mark.skipif(
+    not _server_without_pgvector(),
+    reason="needs a PostgreSQL without pgvector at /var/run/postgresql (the system server here)",
+)
+def test_migrate_without_pgvector_stops_with_one_line_and_applies_nothing():
+    scratch = "automechanica_no_pgvector_test"
+    with psycopg.connect(SYSTEM_POSTGRES, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {scratch}")
+        admin.execute(f"CREATE DATABASE {scratch}")
+    try:
+        url = SYSTEM_POSTGRES.rsplit("/", 1)[0] + f"/{scratch}"
+        result = subprocess.run(
+            [sys.executable, "manage.py", "migrate"],
+            cwd=REPO,
+            env={**__import__("os").environ, "DATABASE_URL": url},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 1
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith("CommandError: the PostgreSQL server (")
+        assert "lacks the pgvector extension" in line
+        with psycopg.connect(url) as conn:
+            tables = conn.execute(
+                "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"
+            ).fetchone()[0]
+        assert tables == 0
+    finally:
+        with psycopg.connect(SYSTEM_POSTGRES, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {scratch}")
