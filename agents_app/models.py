@@ -1,4 +1,11 @@
-"""Agent memory: what agents did (AgentEvent) and the jobs that embed it (spec 001 §12)."""
+"""Agent memory: what agents did (AgentEvent) and the jobs that embed it (spec 001 §12).
+
+Both are written, with the task's history row, by the statement that completes a
+task. Their foreign keys have no database constraint: Django's are deferred, and
+checking four of them per task at commit cost the completion path about 80 % of its
+time (docs/architecture.md). The rows are inserted from the parent rows the same
+statement returns, so they cannot dangle; deleting a task deletes them (ORM cascade).
+"""
 
 from django.db import models
 from django.db.models.functions import Now
@@ -8,10 +15,19 @@ class AgentEvent(models.Model):
     """Something an agent did; written with every completed task."""
 
     task = models.ForeignKey(
-        "queue.Task", null=True, blank=True, on_delete=models.CASCADE, related_name="agent_events"
+        "queue.Task",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="agent_events",
+        db_constraint=False,
     )
     workflow = models.ForeignKey(
-        "workflows.Workflow", null=True, blank=True, on_delete=models.SET_NULL
+        "workflows.Workflow",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        db_constraint=False,
     )
     agent_name = models.TextField()
     event_type = models.TextField()
@@ -32,7 +48,7 @@ class EmbeddingJob(models.Model):
     """A request to embed one AgentEvent into agent memory, consumed asynchronously."""
 
     agent_event = models.ForeignKey(
-        AgentEvent, on_delete=models.CASCADE, related_name="embedding_jobs"
+        AgentEvent, on_delete=models.CASCADE, related_name="embedding_jobs", db_constraint=False
     )
     status = models.TextField(default="pending", db_default="pending")
     attempts = models.IntegerField(default=0, db_default=0)

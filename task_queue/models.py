@@ -61,7 +61,7 @@ class Task(models.Model):
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     error_info = models.JSONField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
-    idempotency_key = models.TextField(null=True, blank=True, unique=True)
+    idempotency_key = models.TextField(null=True, blank=True)
     trace_id = models.TextField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -87,7 +87,18 @@ class Task(models.Model):
             models.CheckConstraint(
                 condition=models.Q(max_attempts__gte=1), name="tasks_max_attempts_positive"
             ),
+            # Partial: most tasks have no key, and a full index would take an entry
+            # for every new row version the worker writes.
+            models.UniqueConstraint(
+                fields=["idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="tasks_idempotency_key_unique",
+            ),
         ]
+        # Every index here takes an entry for each row version a worker writes (a
+        # status change is never a HOT update), so there are as few as serve the
+        # lease query, the due timer and the reaper; partial ones only for the
+        # rows they cover.
         indexes = [
             # The lease query: pending tasks of an agent in priority, then age order.
             models.Index(
@@ -107,7 +118,6 @@ class Task(models.Model):
                 condition=models.Q(status__in=HELD_STATUSES),
                 name="tasks_held_lease_idx",
             ),
-            models.Index(fields=["status", "agent_name"], name="tasks_status_agent_idx"),
         ]
 
     def __str__(self) -> str:
@@ -136,7 +146,11 @@ class TaskHistory(models.Model):
     recorded without a write per step on the hot path.
     """
 
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="history")
+    # No database constraint (agents_app/models.py says why): rows come from the same
+    # statement that updates their task; deleting a task deletes them (ORM cascade).
+    task = models.ForeignKey(
+        Task, on_delete=models.CASCADE, related_name="history", db_constraint=False
+    )
     event = models.TextField(choices=TaskEvent.choices)
     from_status = models.TextField()
     to_status = models.TextField()

@@ -25,7 +25,9 @@ from django.db import connection
 
 NOTIFY_CHANNEL = "automechanica_tasks"
 
-_CLOCK = "SELECT COALESCE(%(now)s::timestamptz, now()) AS now"
+# The statement's time: inlined rather than joined from a CTE, so the planner can
+# use it as an index bound.
+_NOW = "COALESCE(%(now)s::timestamptz, now())"
 
 
 def _rows(sql: str, params: dict[str, Any]) -> list[tuple]:
@@ -37,8 +39,7 @@ def _rows(sql: str, params: dict[str, Any]) -> list[tuple]:
 # ---------------------------------------------------------------- enqueue
 
 ENQUEUE_TASKS = f"""
-WITH clock AS ({_CLOCK}),
-input AS MATERIALIZED (
+WITH input AS MATERIALIZED (
     SELECT gen_random_uuid() AS id, r.*
     FROM jsonb_to_recordset(%(tasks)s::jsonb) AS r(
         ord int, workflow_id uuid, agent_name text, task_type text, payload jsonb,
@@ -50,11 +51,11 @@ inserted AS (
                        available_at, idempotency_key, trace_id, created_at, updated_at)
     SELECT input.id, workflow_id, agent_name, task_type, payload, priority, max_attempts,
            COALESCE(input.available_at,
-                    clock.now + make_interval(secs => COALESCE(delay_seconds, 0))),
-           idempotency_key, trace_id, clock_timestamp(), clock.now
-    FROM input, clock
+                    {_NOW} + make_interval(secs => COALESCE(delay_seconds, 0))),
+           idempotency_key, trace_id, clock_timestamp(), {_NOW}
+    FROM input
     ORDER BY ord
-    ON CONFLICT (idempotency_key) DO NOTHING
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id
 )
 SELECT input.ord, COALESCE(inserted.id, existing.id), inserted.id IS NOT NULL
@@ -115,26 +116,34 @@ class ClaimedTask:
     lease_token: UUID
 
 
+# Each agent's due tasks come from an ordered scan of tasks_pending_lease_idx
+# (agent_name, priority, created_at); the best `limit` of them across agents are
+# claimed. With several agents, rows locked but not chosen are let go when the
+# statement commits.
 CLAIM_TASKS = f"""
-WITH clock AS ({_CLOCK}),
-due AS (
-    SELECT t.id
-    FROM tasks t, clock
-    WHERE t.status = 'pending'
-      AND t.agent_name = ANY(%(agents)s::text[])
-      AND t.available_at <= clock.now
-    ORDER BY t.priority, t.created_at
-    LIMIT %(limit)s
-    FOR UPDATE OF t SKIP LOCKED
+WITH due AS (
+    SELECT t.id, t.priority, t.created_at
+    FROM unnest(%(agents)s::text[]) AS agent(name)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, created_at
+        FROM tasks
+        WHERE status = 'pending' AND agent_name = agent.name AND available_at <= {_NOW}
+        ORDER BY priority, created_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS t
+),
+chosen AS (
+    SELECT id FROM due ORDER BY priority, created_at LIMIT %(limit)s
 )
 UPDATE tasks t
 SET status = 'leased',
     lease_owner = %(owner)s,
     lease_token = gen_random_uuid(),
-    lease_expires_at = clock.now + make_interval(secs => %(lease_seconds)s),
-    updated_at = clock.now
-FROM due, clock
-WHERE t.id = due.id
+    lease_expires_at = {_NOW} + make_interval(secs => %(lease_seconds)s),
+    updated_at = {_NOW}
+FROM chosen
+WHERE t.id = chosen.id
 RETURNING t.id, t.agent_name, t.task_type, t.payload, t.attempts, t.max_attempts,
           t.workflow_id, t.trace_id, t.lease_token
 """
@@ -160,7 +169,12 @@ def claim_tasks(
 
 # The held (id, lease_token) pairs a worker passes to fence its writes.
 _HELD = "unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS held(id, lease_token)"
-_FENCED = "t.id = held.id AND t.lease_token = held.lease_token AND t.lease_owner = %(owner)s"
+# `t.id = ANY(...)` makes the primary key drive the lookup; without it the planner
+# may walk tasks_held_lease_idx, which fills with dead entries during a busy drain.
+_FENCED = (
+    "t.id = ANY(%(ids)s::uuid[]) AND t.id = held.id AND t.lease_token = held.lease_token"
+    " AND t.lease_owner = %(owner)s"
+)
 
 
 def _held(owner: str, held: Sequence[tuple[UUID, UUID]], now: datetime | None) -> dict[str, Any]:
@@ -174,8 +188,8 @@ def _held(owner: str, held: Sequence[tuple[UUID, UUID]], now: datetime | None) -
 
 START_TASKS = f"""
 UPDATE tasks t
-SET status = 'running', started_at = clock.now, updated_at = clock.now
-FROM {_HELD}, ({_CLOCK}) AS clock
+SET status = 'running', started_at = {_NOW}, updated_at = {_NOW}
+FROM {_HELD}
 WHERE {_FENCED} AND t.status = 'leased'
 RETURNING t.id
 """
@@ -189,11 +203,10 @@ def start_tasks(
 
 
 HEARTBEAT = f"""
-WITH clock AS ({_CLOCK}),
-extended AS (
+WITH extended AS (
     UPDATE tasks t
-    SET lease_expires_at = clock.now + make_interval(secs => %(lease_seconds)s)
-    FROM {_HELD}, clock
+    SET lease_expires_at = {_NOW} + make_interval(secs => %(lease_seconds)s)
+    FROM {_HELD}
     WHERE {_FENCED} AND t.status IN ('leased', 'running')
     RETURNING t.id, t.cancel_requested_at IS NOT NULL
 ),
@@ -201,8 +214,7 @@ registered AS (
     INSERT INTO workers (worker_id, hostname, pid, agents, concurrency, in_flight,
                          started_at, last_heartbeat_at)
     SELECT %(owner)s, %(hostname)s, %(pid)s, %(agents)s::text[], %(concurrency)s,
-           %(in_flight)s, clock.now, clock.now
-    FROM clock
+           %(in_flight)s, {_NOW}, {_NOW}
     ON CONFLICT (worker_id) DO UPDATE
     SET last_heartbeat_at = EXCLUDED.last_heartbeat_at, in_flight = EXCLUDED.in_flight
 )
@@ -258,16 +270,15 @@ def next_due_at(agents: Sequence[str]) -> datetime | None:
 # ---------------------------------------------------------------- outcomes
 
 COMPLETE_TASKS = f"""
-WITH clock AS ({_CLOCK}),
-held AS (
+WITH held AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(results)s::jsonb[],
                          %(summaries)s::text[]) AS d(id, lease_token, result, summary)
 ),
 completed AS (
     UPDATE tasks t
-    SET status = 'completed', result = held.result, finished_at = clock.now,
-        updated_at = clock.now, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-    FROM held, clock
+    SET status = 'completed', result = held.result, finished_at = {_NOW},
+        updated_at = {_NOW}, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+    FROM held
     WHERE {_FENCED} AND t.status = 'running'
     RETURNING t.id, t.workflow_id, t.agent_name, t.task_type, t.attempts, t.started_at,
               held.lease_token, held.result, held.summary
@@ -276,8 +287,8 @@ events AS (
     INSERT INTO agent_events (task_id, workflow_id, agent_name, event_type, content, data,
                               created_at)
     SELECT id, workflow_id, agent_name, 'task.completed', summary,
-           jsonb_build_object('task_type', task_type, 'result', result), clock.now
-    FROM completed, clock
+           jsonb_build_object('task_type', task_type, 'result', result), {_NOW}
+    FROM completed
     RETURNING id
 ),
 embedding AS (
@@ -287,8 +298,8 @@ history AS (
     INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
                               lease_token, started_at, occurred_at)
     SELECT id, 'completed', 'running', 'completed', attempts + 1, %(owner)s, lease_token,
-           started_at, clock.now
-    FROM completed, clock
+           started_at, {_NOW}
+    FROM completed
 )
 SELECT id FROM completed
 """
@@ -317,8 +328,7 @@ def complete_tasks(
 
 
 FAIL_TASKS = f"""
-WITH clock AS ({_CLOCK}),
-held AS (
+WITH held AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(retryable)s::bool[],
                          %(base_delays)s::float8[], %(errors)s::jsonb[])
         AS f(id, lease_token, retryable, base_delay, error)
@@ -330,14 +340,14 @@ failed AS (
                       WHEN t.attempts + 1 >= t.max_attempts THEN 'dead'
                       ELSE 'pending' END,
         available_at = CASE WHEN held.retryable AND t.attempts + 1 < t.max_attempts
-                            THEN clock.now
+                            THEN {_NOW}
                                  + make_interval(secs => (t.attempts + 1) ^ 2 * held.base_delay)
                             ELSE t.available_at END,
         error_info = held.error || jsonb_build_object(
-            'attempt', t.attempts + 1, 'worker', %(owner)s, 'at', clock.now),
-        finished_at = clock.now, updated_at = clock.now,
+            'attempt', t.attempts + 1, 'worker', %(owner)s, 'at', {_NOW}),
+        finished_at = {_NOW}, updated_at = {_NOW},
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-    FROM held, clock
+    FROM held
     WHERE {_FENCED} AND t.status = 'running'
     RETURNING t.id, t.status, t.attempts, t.available_at, t.started_at, t.error_info,
               held.lease_token
@@ -346,10 +356,10 @@ history AS (
     INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
                               lease_token, started_at, occurred_at, error, detail)
     SELECT id, CASE status WHEN 'pending' THEN 'retry_scheduled' ELSE status END,
-           'running', status, attempts, %(owner)s, lease_token, started_at, clock.now,
+           'running', status, attempts, %(owner)s, lease_token, started_at, {_NOW},
            error_info,
            CASE status WHEN 'pending' THEN jsonb_build_object('retry_at', available_at) END
-    FROM failed, clock
+    FROM failed
 )
 SELECT id, status, attempts, available_at FROM failed
 """
@@ -380,12 +390,11 @@ def fail_tasks(
 
 
 CONFIRM_CANCELLED = f"""
-WITH clock AS ({_CLOCK}),
-cancelled AS (
+WITH cancelled AS (
     UPDATE tasks t
-    SET status = 'cancelled', finished_at = clock.now, updated_at = clock.now,
+    SET status = 'cancelled', finished_at = {_NOW}, updated_at = {_NOW},
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-    FROM {_HELD}, clock
+    FROM {_HELD}
     WHERE {_FENCED} AND t.status = 'running'
     RETURNING t.id, t.attempts, t.started_at, held.lease_token
 ),
@@ -393,8 +402,8 @@ history AS (
     INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
                               lease_token, started_at, occurred_at)
     SELECT id, 'cancelled', 'running', 'cancelled', attempts + 1, %(owner)s, lease_token,
-           started_at, clock.now
-    FROM cancelled, clock
+           started_at, {_NOW}
+    FROM cancelled
 )
 SELECT id FROM cancelled
 """
@@ -408,8 +417,7 @@ def confirm_cancelled(
 
 
 RELEASE_TASKS = f"""
-WITH clock AS ({_CLOCK}),
-target AS (
+WITH target AS (
     SELECT t.id, t.status, held.lease_token
     FROM tasks t, {_HELD}
     WHERE {_FENCED} AND t.status IN ('leased', 'running')
@@ -417,9 +425,9 @@ target AS (
 ),
 released AS (
     UPDATE tasks t
-    SET status = 'pending', available_at = clock.now, updated_at = clock.now,
+    SET status = 'pending', available_at = {_NOW}, updated_at = {_NOW},
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-    FROM target, clock
+    FROM target
     WHERE t.id = target.id
     RETURNING t.id, t.agent_name, t.attempts, t.started_at, target.status, target.lease_token
 ),
@@ -427,8 +435,8 @@ history AS (
     INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
                               lease_token, started_at, occurred_at)
     SELECT id, 'released', status, 'pending', attempts + 1, %(owner)s, lease_token,
-           started_at, clock.now
-    FROM released, clock
+           started_at, {_NOW}
+    FROM released
 )
 SELECT id, agent_name FROM released
 """
@@ -452,12 +460,11 @@ def try_advisory_xact_lock(key: int) -> bool:
 
 
 REAP_EXPIRED_LEASES = f"""
-WITH clock AS ({_CLOCK}),
-expired AS (
+WITH expired AS (
     SELECT t.id, t.status, t.lease_owner, t.lease_token, t.cancel_requested_at IS NOT NULL
                AS cancel_requested
-    FROM tasks t, clock
-    WHERE t.status IN ('leased', 'running') AND t.lease_expires_at < clock.now
+    FROM tasks t
+    WHERE t.status IN ('leased', 'running') AND t.lease_expires_at < {_NOW}
     ORDER BY t.lease_expires_at
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
@@ -469,18 +476,18 @@ reaped AS (
                       WHEN expired.status = 'running' AND t.attempts + 1 >= t.max_attempts
                           THEN 'dead'
                       ELSE 'pending' END,
-        available_at = clock.now,
+        available_at = {_NOW},
         error_info = CASE WHEN expired.status = 'running' THEN jsonb_build_object(
                 'type', 'LeaseExpired',
                 'message', 'lease expired: worker ' || expired.lease_owner
                            || ' stopped heartbeating while running the task',
                 'retryable', true, 'attempt', t.attempts + 1,
-                'worker', expired.lease_owner, 'at', clock.now)
+                'worker', expired.lease_owner, 'at', {_NOW})
             ELSE t.error_info END,
-        finished_at = CASE WHEN expired.status = 'running' THEN clock.now END,
-        updated_at = clock.now,
+        finished_at = CASE WHEN expired.status = 'running' THEN {_NOW} END,
+        updated_at = {_NOW},
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-    FROM expired, clock
+    FROM expired
     WHERE t.id = expired.id
     RETURNING t.id, t.agent_name, t.status, t.attempts, t.started_at, t.error_info,
               expired.status AS from_status, expired.lease_owner, expired.lease_token
@@ -489,10 +496,10 @@ history AS (
     INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
                               lease_token, started_at, occurred_at, error, detail)
     SELECT id, 'lease_expired', from_status, status, attempts, 'reaper', lease_token,
-           started_at, clock.now,
+           started_at, {_NOW},
            CASE WHEN from_status = 'running' THEN error_info END,
            jsonb_build_object('worker', lease_owner)
-    FROM reaped, clock
+    FROM reaped
 )
 SELECT id, agent_name, status FROM reaped
 """
@@ -510,7 +517,7 @@ def reap_expired_leases(*, limit: int, now: datetime | None) -> list[tuple[UUID,
 
 PRUNE_STALE_WORKERS = f"""
 DELETE FROM workers
-WHERE last_heartbeat_at < ({_CLOCK}) - make_interval(secs => %(stale_seconds)s)
+WHERE last_heartbeat_at < {_NOW} - make_interval(secs => %(stale_seconds)s)
 """
 
 
@@ -521,26 +528,25 @@ def prune_stale_workers(*, stale_seconds: float, now: datetime | None) -> int:
 # ---------------------------------------------------------------- operator actions
 
 REVIVE_TASKS = f"""
-WITH clock AS ({_CLOCK}),
-target AS (
+WITH target AS (
     SELECT id, status FROM tasks
     WHERE id = ANY(%(ids)s::uuid[]) AND status IN ('dead', 'failed')
     FOR UPDATE
 ),
 revived AS (
     UPDATE tasks t
-    SET status = 'pending', attempts = 0, available_at = clock.now, updated_at = clock.now,
+    SET status = 'pending', attempts = 0, available_at = {_NOW}, updated_at = {_NOW},
         payload = COALESCE(%(payload)s::jsonb, t.payload), cancel_requested_at = NULL
-    FROM target, clock
+    FROM target
     WHERE t.id = target.id
     RETURNING t.id, t.agent_name, target.status AS from_status
 ),
 history AS (
     INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
                               occurred_at, detail)
-    SELECT id, 'revived', from_status, 'pending', 0, %(actor)s, clock.now,
+    SELECT id, 'revived', from_status, 'pending', 0, %(actor)s, {_NOW},
            jsonb_build_object('payload_changed', %(payload)s::jsonb IS NOT NULL)
-    FROM revived, clock
+    FROM revived
 )
 SELECT id, agent_name FROM revived
 """
@@ -554,8 +560,7 @@ def revive_tasks(
 
 
 CANCEL_TASKS = f"""
-WITH clock AS ({_CLOCK}),
-target AS (
+WITH target AS (
     SELECT id, status, attempts FROM tasks
     WHERE id = ANY(%(ids)s::uuid[]) AND status IN ('pending', 'leased', 'running')
       AND cancel_requested_at IS NULL
@@ -563,16 +568,16 @@ target AS (
 ),
 cancelled AS (
     UPDATE tasks t
-    SET status = 'cancelled', finished_at = clock.now, updated_at = clock.now,
+    SET status = 'cancelled', finished_at = {_NOW}, updated_at = {_NOW},
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-    FROM target, clock
+    FROM target
     WHERE t.id = target.id AND target.status IN ('pending', 'leased')
     RETURNING t.id, target.status AS from_status, t.status AS to_status, t.attempts
 ),
 requested AS (
     UPDATE tasks t
-    SET cancel_requested_at = clock.now, updated_at = clock.now
-    FROM target, clock
+    SET cancel_requested_at = {_NOW}, updated_at = {_NOW}
+    FROM target
     WHERE t.id = target.id AND target.status = 'running'
     RETURNING t.id, target.status AS from_status, t.status AS to_status, t.attempts
 ),
@@ -584,8 +589,8 @@ changed AS (
 history AS (
     INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
                               occurred_at)
-    SELECT id, event, from_status, to_status, attempts, %(actor)s, clock.now
-    FROM changed, clock
+    SELECT id, event, from_status, to_status, attempts, %(actor)s, {_NOW}
+    FROM changed
 )
 SELECT id, event FROM changed
 """
@@ -624,3 +629,43 @@ def _rows_nofetch(sql: str, params: dict[str, Any]) -> int:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
+
+
+# ---------------------------------------------------------------- benchmark
+
+TASK_PROGRESS = """
+SELECT count(*) FILTER (WHERE status IN ('completed', 'failed', 'dead', 'cancelled')),
+       count(*)
+FROM tasks WHERE workflow_id = %(workflow_id)s
+"""
+
+
+def task_progress(workflow_id: UUID) -> tuple[int, int]:
+    """(finished, total) tasks of a workflow."""
+    return _rows(TASK_PROGRESS, {"workflow_id": workflow_id})[0]
+
+
+TASK_TIMES = """
+SELECT id, started_at, finished_at FROM tasks WHERE workflow_id = %(workflow_id)s
+"""
+
+
+def task_times(workflow_id: UUID) -> list[tuple[UUID, datetime | None, datetime | None]]:
+    return _rows(TASK_TIMES, {"workflow_id": workflow_id})
+
+
+DELETE_WORKFLOW_TASKS = """
+WITH doomed AS (SELECT id FROM tasks WHERE workflow_id = %(workflow_id)s),
+events AS (
+    SELECT id FROM agent_events WHERE task_id IN (SELECT id FROM doomed)
+),
+jobs AS (DELETE FROM embedding_jobs WHERE agent_event_id IN (SELECT id FROM events)),
+deleted_events AS (DELETE FROM agent_events WHERE id IN (SELECT id FROM events)),
+history AS (DELETE FROM task_history WHERE task_id IN (SELECT id FROM doomed))
+DELETE FROM tasks WHERE id IN (SELECT id FROM doomed)
+"""
+
+
+def delete_workflow_tasks(workflow_id: UUID) -> int:
+    """Delete a workflow's tasks with their history, events and embedding jobs."""
+    return _rows_nofetch(DELETE_WORKFLOW_TASKS, {"workflow_id": workflow_id})

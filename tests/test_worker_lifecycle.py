@@ -181,3 +181,23 @@ def test_idempotency_key_returns_the_existing_task():
     assert first.created and not again.created
     assert first.id == again.id
     assert Task.objects.count() == 1
+
+
+def test_deleting_a_task_deletes_its_history_events_and_embedding_jobs():
+    """These foreign keys have no database constraint (agents_app/models.py says why);
+    Django's cascade must still remove the children."""
+    from agents_app.models import AgentEvent, EmbeddingJob
+
+    keep = operations.enqueue("EchoAgent", "echo", {"keep": True}).id
+    doomed = operations.enqueue("EchoAgent", "echo", {"fail": "transient", "fail_times": 1}).id
+    now = datetime.now(UTC) + timedelta(seconds=1)
+    run_burst(now=now)
+    run_burst(now=now + timedelta(seconds=5))
+    assert TaskHistory.objects.filter(task_id=doomed).count() == 2
+
+    Task.objects.get(id=doomed).delete()
+
+    assert not TaskHistory.objects.filter(task_id=doomed).exists()
+    assert not AgentEvent.objects.filter(task_id=doomed).exists()
+    assert EmbeddingJob.objects.count() == AgentEvent.objects.count() == 1
+    assert AgentEvent.objects.get().task_id == keep

@@ -1,0 +1,201 @@
+"""The queue benchmark behind ``manage.py queue_bench``.
+
+Real worker processes (``manage.py runworker EchoAgent``) on the configured
+database, with all bookkeeping on (history, AgentEvent, embedding job):
+
+1. enqueue: N tasks through ``enqueue_many`` in one transaction, 1,000 a statement;
+2. drain: from that commit until the last task is finished, by W workers;
+3. pickup latency: on the now idle queue, one task at a time at a steady low rate;
+   enqueue commit → the worker's start statement, just before the handler runs.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+from django.conf import settings
+from django.db import connection, transaction
+
+from workflows.models import Workflow
+
+from . import queries
+from .models import Worker
+from .operations import TaskSpec, enqueue, enqueue_many
+
+ENQUEUE_CHUNK = 1000
+# How often the benchmark checks whether the workers are done. Each check is a
+# query on the tasks table, so checking often would load the database it measures.
+PROGRESS_POLL_SECONDS = 0.25
+
+
+@dataclass
+class BenchConfig:
+    tasks: int = 20_000
+    workers: int = 2
+    concurrency: int = 50
+    latency_samples: int = 200
+    latency_rate: float = 50.0  # tasks per second during the latency phase
+    timeout: float = 600.0
+
+
+def run(config: BenchConfig) -> dict[str, Any]:
+    workflow = Workflow.objects.create(name=f"queue_bench {datetime.now(UTC).isoformat()}")
+    log_dir = Path(tempfile.mkdtemp(prefix="queue_bench-"))
+    workers = [
+        _start_worker(config.concurrency, log_dir / f"worker-{i}.log")
+        for i in range(config.workers)
+    ]
+    try:
+        _wait_registered(workers, config.timeout)
+        enqueue_rate, drain_rate = _throughput(workflow.id, config)
+        latencies = _pickup_latencies(config)
+        return {
+            "tasks": config.tasks,
+            "workers": config.workers,
+            "concurrency": config.concurrency,
+            "enqueue_tasks_per_s": round(enqueue_rate),
+            "drain_tasks_per_s": round(drain_rate),
+            "pickup_latency_ms": {
+                "samples": len(latencies),
+                "rate_per_s": config.latency_rate,
+                "p50": _percentile(latencies, 50),
+                "p95": _percentile(latencies, 95),
+                "p99": _percentile(latencies, 99),
+            },
+            "machine": machine_facts(),
+        }
+    finally:
+        _stop_workers(workers)
+        queries.delete_workflow_tasks(workflow.id)
+        workflow.delete()
+
+
+def _start_worker(concurrency: int, log_path: Path) -> subprocess.Popen:
+    env = {**os.environ, "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "manage.py",
+                "runworker",
+                "EchoAgent",
+                "--concurrency",
+                str(concurrency),
+            ],
+            cwd=settings.BASE_DIR,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def _wait_registered(workers: list[subprocess.Popen], timeout: float) -> None:
+    pids = {w.pid for w in workers}
+    deadline = time.monotonic() + timeout
+    while set(Worker.objects.filter(pid__in=pids).values_list("pid", flat=True)) != pids:
+        if any(w.poll() is not None for w in workers):
+            raise RuntimeError("a benchmark worker exited during start-up")
+        if time.monotonic() > deadline:
+            raise RuntimeError("benchmark workers did not start")
+        time.sleep(0.05)
+
+
+def _throughput(workflow_id, config: BenchConfig) -> tuple[float, float]:
+    specs = [
+        TaskSpec("EchoAgent", "echo", {"n": i}, workflow_id=workflow_id)
+        for i in range(config.tasks)
+    ]
+    started = time.perf_counter()
+    with transaction.atomic():
+        for i in range(0, len(specs), ENQUEUE_CHUNK):
+            enqueue_many(specs[i : i + ENQUEUE_CHUNK])
+    committed = time.perf_counter()
+    committed_at = datetime.now(UTC)
+    deadline = time.monotonic() + config.timeout
+    while (progress := queries.task_progress(workflow_id))[0] < progress[1]:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"drain timed out with {progress[0]} of {progress[1]} finished")
+        time.sleep(PROGRESS_POLL_SECONDS)
+    last_finished = max(finished for _, _, finished in queries.task_times(workflow_id))
+    drain_seconds = (last_finished - committed_at).total_seconds()
+    return config.tasks / (committed - started), config.tasks / drain_seconds
+
+
+def _pickup_latencies(config: BenchConfig) -> list[float]:
+    probe = Workflow.objects.create(name="queue_bench latency")
+    committed: dict = {}
+    interval = 1 / config.latency_rate
+    next_at = time.monotonic()
+    for i in range(config.latency_samples):
+        time.sleep(max(0.0, next_at - time.monotonic()))  # the load generator's pacing
+        task = enqueue("EchoAgent", "echo", {"probe": i}, workflow_id=probe.id)
+        committed[task.id] = datetime.now(UTC)
+        next_at += interval
+    deadline = time.monotonic() + config.timeout
+    while (progress := queries.task_progress(probe.id))[0] < progress[1]:
+        if time.monotonic() > deadline:
+            raise RuntimeError("latency probes did not finish")
+        time.sleep(PROGRESS_POLL_SECONDS)
+    latencies = [
+        (started - committed[task_id]).total_seconds() * 1000
+        for task_id, started, _ in queries.task_times(probe.id)
+    ]
+    queries.delete_workflow_tasks(probe.id)
+    probe.delete()
+    return latencies
+
+
+def _stop_workers(workers: list[subprocess.Popen]) -> None:
+    for worker in workers:
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)
+    for worker in workers:
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+
+def _percentile(values: list[float], pct: int) -> float:
+    if len(values) < 2:
+        return round(values[0], 2) if values else float("nan")
+    return round(statistics.quantiles(values, n=100, method="inclusive")[pct - 1], 2)
+
+
+def machine_facts() -> dict[str, Any]:
+    cpu_model = next(
+        (line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
+        platform.processor(),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version")
+        server_version = cursor.fetchone()[0]
+    engine = settings.DATABASES["default"]["ENGINE"]
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": cpu_model,
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "postgresql": server_version,
+        "database": "embedded" if engine.endswith("embedded_postgres") else "DATABASE_URL",
+        "load_average_1m": os.getloadavg()[0],
+    }
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
