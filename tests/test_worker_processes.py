@@ -138,3 +138,16 @@ def test_cancel_running_task_stops_its_handler(worker_processes):
     # The worker goes on taking tasks.
     next_id = operations.enqueue("EchoAgent", "echo").id
     wait_for(lambda: status_of(next_id) == TaskStatus.COMPLETED, what="the next task")
+
+
+def test_worker_wakes_on_notify_and_at_the_next_due_time_not_the_poll(worker_processes):
+    """With a 300 s poll, only a notification or the due-time timer can explain a
+    pickup within seconds."""
+    worker_processes("EchoAgent", "--poll", "300").wait_ready()
+    now_id = operations.enqueue("EchoAgent", "echo").id
+    wait_for(lambda: status_of(now_id) == TaskStatus.COMPLETED, timeout=10, what="notify wake-up")
+
+    later_id = operations.enqueue("EchoAgent", "echo", delay_seconds=1.5).id
+    due = Task.objects.get(id=later_id).available_at
+    wait_for(lambda: status_of(later_id) == TaskStatus.COMPLETED, timeout=10, what="due wake-up")
+    assert Task.objects.get(id=later_id).started_at >= due

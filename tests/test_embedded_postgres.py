@@ -1,0 +1,61 @@
+"""The embedded PostgreSQL: started on demand by whichever process comes first, and
+shared by every other. Uses its own data directory, not the suite's server."""
+
+import json
+import os
+import subprocess
+import sys
+
+import psycopg
+import pytest
+
+from .conftest import REPO
+
+
+@pytest.fixture
+def embedded_env(tmp_path):
+    env = {
+        **os.environ,
+        "AUTOMECHANICA_PGDATA": str(tmp_path / "pgdata"),
+        "AUTOMECHANICA_DB_NAME": "shared_check",
+    }
+    env.pop("DATABASE_URL", None)
+    yield env
+    subprocess.run(
+        [sys.executable, "manage.py", "embedded_db", "stop"], cwd=REPO, env=env, timeout=60
+    )
+
+
+def manage(env, *args, **kwargs):
+    return subprocess.Popen(
+        [sys.executable, "manage.py", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
+
+
+def test_processes_started_together_share_one_server(embedded_env):
+    processes = [manage(embedded_env, "embedded_db", "url") for _ in range(3)]
+    results = [(p.wait(120), *p.communicate()) for p in processes]
+    assert [code for code, _, _ in results] == [0, 0, 0], results
+    urls = {out.strip() for _, out, _ in results}
+    assert len(urls) == 1
+    (url,) = urls
+    assert url.endswith("/shared_check")
+
+    status = manage(embedded_env, "embedded_db", "status")
+    report = json.loads(status.communicate(timeout=60)[0])
+    # Still running after its clients exited, with the database they asked for.
+    assert report["running"] and report["data_dir"] == embedded_env["AUTOMECHANICA_PGDATA"]
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT current_database()").fetchone()[0] == "shared_check"
+        assert conn.execute("SELECT pg_backend_pid() > 0").fetchone()[0]
+
+    stop = manage(embedded_env, "embedded_db", "stop")
+    assert stop.communicate(timeout=60)[0].strip() == "stopped"
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(url, connect_timeout=2)
