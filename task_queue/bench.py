@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -58,7 +59,7 @@ def run(config: BenchConfig) -> dict[str, Any]:
         for i in range(config.workers)
     ]
     try:
-        _wait_registered(workers, config.timeout)
+        _wait_registered(workers, config.timeout, log_dir)
         enqueue_rate, drain_rate = _throughput(workflow.id, config)
         latencies = _pickup_latencies(config)
         return {
@@ -80,6 +81,7 @@ def run(config: BenchConfig) -> dict[str, Any]:
         _stop_workers(workers)
         queries.delete_workflow_tasks(workflow.id)
         workflow.delete()
+    shutil.rmtree(log_dir)  # kept when the benchmark failed, for its workers' logs
 
 
 def _start_worker(concurrency: int, log_path: Path) -> subprocess.Popen:
@@ -101,12 +103,12 @@ def _start_worker(concurrency: int, log_path: Path) -> subprocess.Popen:
         )
 
 
-def _wait_registered(workers: list[subprocess.Popen], timeout: float) -> None:
+def _wait_registered(workers: list[subprocess.Popen], timeout: float, log_dir: Path) -> None:
     pids = {w.pid for w in workers}
     deadline = time.monotonic() + timeout
     while set(Worker.objects.filter(pid__in=pids).values_list("pid", flat=True)) != pids:
         if any(w.poll() is not None for w in workers):
-            raise RuntimeError("a benchmark worker exited during start-up")
+            raise RuntimeError(f"a benchmark worker exited during start-up; logs in {log_dir}")
         if time.monotonic() > deadline:
             raise RuntimeError("benchmark workers did not start")
         time.sleep(0.05)

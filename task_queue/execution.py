@@ -17,6 +17,7 @@ from typing import Any
 from agents_app.base import Agent, PermanentError, TaskCancelled, TaskContext
 
 from .queries import ClaimedTask
+from .storable import json_has_nul, without_nul
 
 
 class OutcomeKind(Enum):
@@ -108,20 +109,29 @@ def run_handler(flight: InFlight) -> Outcome | None:
                 f"it handles {', '.join(agent.task_types)}"
             )
         result = agent.handle(context)
-        try:
-            result_json = json.dumps(result)
-        except (TypeError, ValueError) as error:
-            raise PermanentError(f"the result is not JSON-serialisable: {error}") from error
-        summary = agent.describe(context, result)
+        result_json = _result_json(result)
+        summary = without_nul(agent.describe(context, result))
     except TaskCancelled:
         return _stopped(flight)
     except Exception as error:
         if flight.stop_reason is not None:
             return _stopped(flight)
-        return failure(flight, error, retryable=agent.is_retryable(error))
+        return failure(
+            task, error, retryable=agent.is_retryable(error), base_delay=agent.base_delay
+        )
     if flight.stop_reason is StopReason.CANCEL_REQUESTED:
         return Outcome(OutcomeKind.CANCELLED, task)
     return Outcome(OutcomeKind.COMPLETED, task, result_json=result_json, summary=summary)
+
+
+def _result_json(result: Any) -> str:
+    try:
+        text = json.dumps(result, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise PermanentError(f"the result is not JSON-serialisable: {error}") from error
+    if json_has_nul(text):
+        raise PermanentError("the result contains a NUL character, which jsonb cannot store")
+    return text
 
 
 def _stopped(flight: InFlight) -> Outcome | None:
@@ -129,29 +139,41 @@ def _stopped(flight: InFlight) -> Outcome | None:
         return Outcome(OutcomeKind.CANCELLED, flight.task)
     if flight.stop_reason is None:
         # The handler raised TaskCancelled on its own: a failure like any other.
-        return failure(flight, TaskCancelled("handler raised TaskCancelled"), retryable=True)
+        error = TaskCancelled("handler raised TaskCancelled")
+        return failure(flight.task, error, retryable=True, base_delay=flight.agent.base_delay)
     return None
 
 
 def timed_out(flight: InFlight) -> Outcome:
-    seconds = flight.agent.timeout
-    return failure(flight, TaskTimeout(f"handler ran longer than {seconds:g} s"), retryable=True)
+    error = TaskTimeout(f"handler ran longer than {flight.agent.timeout:g} s")
+    return failure(flight.task, error, retryable=True, base_delay=flight.agent.base_delay)
 
 
-def failure(flight: InFlight, error: BaseException, *, retryable: bool) -> Outcome:
+def failure(
+    task: ClaimedTask, error: BaseException, *, retryable: bool, base_delay: float
+) -> Outcome:
     info: dict[str, Any] = {
         "type": type(error).__name__,
-        "message": str(error),
-        "traceback": "".join(traceback.format_exception(error)),
+        "message": without_nul(str(error)),
+        "traceback": without_nul("".join(traceback.format_exception(error))),
         "retryable": retryable,
     }
     return Outcome(
         OutcomeKind.FAILED,
-        flight.task,
+        task,
         retryable=retryable,
-        base_delay=flight.agent.base_delay,
+        base_delay=base_delay,
         error_json=json.dumps(info, default=str),
     )
+
+
+def unrecordable(outcome: Outcome, error: Exception) -> Outcome:
+    """What to write when the database refused ``outcome``: a non-retryable failure
+    that says why. A failure refused in turn is returned as is (nothing more to try)."""
+    if outcome.kind is OutcomeKind.FAILED and not outcome.retryable:
+        return outcome
+    reason = PermanentError(f"the database refused this task's outcome: {error}")
+    return failure(outcome.task, reason, retryable=False, base_delay=0.0)
 
 
 def deadline_for(agent: Agent) -> float:

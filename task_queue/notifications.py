@@ -45,6 +45,6 @@ class Listener:
                         for note in conn.notifies(timeout=0.5):
                             if note.payload in self.agents:
                                 self.wake.set()
-            except psycopg.Error:
-                logger.exception("listener connection failed; reconnecting")
+            except psycopg.OperationalError as error:
+                logger.warning("listener connection failed (%s); reconnecting", error)
                 self._stop.wait(1.0)

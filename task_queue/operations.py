@@ -21,6 +21,7 @@ from agents_app import registry
 
 from . import queries
 from .models import PRIORITY_MAX, PRIORITY_MIN, Priority
+from .storable import json_has_nul
 
 
 class InvalidTask(ValueError):
@@ -90,9 +91,11 @@ def _validated(spec: TaskSpec, index: int | None) -> dict[str, Any]:
     if not isinstance(spec.payload, dict):
         raise invalid("payload", "must be a JSON object")
     try:
-        json.dumps(spec.payload, allow_nan=False)
+        payload_json = json.dumps(spec.payload, allow_nan=False)
     except (TypeError, ValueError) as error:
         raise invalid("payload", f"is not JSON-serialisable: {error}") from None
+    if json_has_nul(payload_json):
+        raise invalid("payload", "contains a NUL character, which PostgreSQL cannot store")
     if not _is_int(spec.priority) or not PRIORITY_MIN <= spec.priority <= PRIORITY_MAX:
         raise invalid("priority", f"must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}")
     max_attempts = agent.max_attempts if spec.max_attempts is None else spec.max_attempts

@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, connection
 
 from . import queries
-from .execution import Outcome, OutcomeKind
+from .execution import Outcome, OutcomeKind, unrecordable
+from .retry import CONNECTION_ERRORS
 
 logger = logging.getLogger(__name__)
 
@@ -73,23 +74,49 @@ class OutcomeWriter:
                 batch = [o for o in batch if o is not _STOP]
             if batch:
                 self._write_with_retry(batch)
-        close_old_connections()
+        connection.close()
 
     def _write_with_retry(self, batch: list[Outcome]) -> None:
+        """Write ``batch``, waiting out a lost connection; never drop it silently.
+
+        Connection trouble (the database restarting) is retried with backoff, keeping
+        the outcomes: leases may expire meanwhile, and fencing then refuses the late
+        write. A batch the database refuses for its content is written one outcome
+        at a time, so one bad outcome cannot hold up the others.
+        """
         delay = 0.1
         while True:
             try:
                 self._write(batch)
                 return
-            except DatabaseError:
-                # The database went away or restarted: keep the outcomes and try again.
-                # Leases may expire meanwhile; fencing then refuses the late write.
-                logger.exception(
-                    "writing %d outcomes failed; retrying in %.1f s", len(batch), delay
+            except CONNECTION_ERRORS as error:
+                logger.warning(
+                    "writing %d outcomes failed (%s); retrying in %.1f s", len(batch), error, delay
                 )
-                close_old_connections()
+                connection.close()
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+            except DatabaseError as error:
+                if len(batch) > 1:
+                    for outcome in batch:
+                        self._write_with_retry([outcome])
+                    return
+                self._write_refused(batch[0], error)
+                return
+
+    def _write_refused(self, outcome: Outcome, error: DatabaseError) -> None:
+        """The database refused this outcome itself: record the task as failed with the
+        reason instead; if even that is refused, leave the task to the reaper."""
+        logger.error("could not record the outcome of task %s: %s", outcome.task.id, error)
+        replacement = unrecordable(outcome, error)
+        if replacement is not outcome:
+            self._write_with_retry([replacement])
+            return
+        with self._count_lock:
+            self._unwritten -= 1
+        self.refused += 1
+        self.written += 1
+        self._written_event.set()
 
     def _write(self, batch: list[Outcome]) -> None:
         by_kind: dict[OutcomeKind, list[Outcome]] = {}

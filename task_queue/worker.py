@@ -35,6 +35,7 @@ from . import queries, reaper
 from .execution import InFlight, StopReason, deadline_for, run_handler, timed_out
 from .notifications import Listener
 from .outcomes import OutcomeWriter
+from .retry import CONNECTION_ERRORS
 
 logger = logging.getLogger(__name__)
 
@@ -133,8 +134,8 @@ class Worker:
                     return
                 wait = self._idle_wait() if free else self.config.poll_seconds
                 backoff = 0.1
-            except DatabaseError:
-                logger.exception("fetching tasks failed; retrying in %.1f s", backoff)
+            except CONNECTION_ERRORS as error:
+                logger.warning("fetching tasks failed (%s); retrying in %.1f s", error, backoff)
                 connection.close()
                 wait, backoff = backoff, min(backoff * 2, 5.0)
             self._wake.wait(wait)
@@ -242,8 +243,8 @@ class Worker:
                 concurrency=self.config.concurrency,
                 now=self.now(),
             )
-        except DatabaseError:
-            logger.exception("heartbeat failed")
+        except CONNECTION_ERRORS as error:
+            logger.warning("heartbeat failed (%s)", error)
             connection.close()
             return
         for flight in flights:
@@ -266,8 +267,8 @@ class Worker:
             reaper.reap_expired_leases(
                 now=self.now(), stale_worker_seconds=max(3 * self.config.lease_seconds, 30.0)
             )
-        except DatabaseError:
-            logger.exception("reaper pass failed")
+        except CONNECTION_ERRORS as error:
+            logger.warning("reaper pass failed (%s)", error)
             connection.close()
 
     # ------------------------------------------------------------ shutdown

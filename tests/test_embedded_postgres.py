@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import psycopg
 import pytest
@@ -26,15 +27,10 @@ def embedded_env(tmp_path):
     )
 
 
-def manage(env, *args, **kwargs):
+def manage(env, *args, **popen_options):
+    options = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen_options}
     return subprocess.Popen(
-        [sys.executable, "manage.py", *args],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **kwargs,
+        [sys.executable, "manage.py", *args], cwd=REPO, env=env, text=True, **options
     )
 
 
@@ -59,3 +55,36 @@ def test_processes_started_together_share_one_server(embedded_env):
     assert stop.communicate(timeout=60)[0].strip() == "stopped"
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(url, connect_timeout=2)
+
+
+@pytest.mark.slow
+def test_worker_survives_a_database_restart(embedded_env, tmp_path):
+    env = embedded_env
+    assert manage(env, "migrate", "-v0").wait(120) == 0
+    log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 - closed below
+    worker = manage(env, "runworker", "EchoAgent", "--poll", "1", stdout=log, stderr=log)
+
+    def enqueue_and_wait_completed() -> None:
+        enqueue = manage(env, "enqueue", "EchoAgent", "echo")
+        task_id = enqueue.communicate(timeout=60)[0].strip()
+        url = manage(env, "embedded_db", "url").communicate(timeout=60)[0].strip()
+        deadline = time.monotonic() + 30
+        with psycopg.connect(url, autocommit=True) as conn:
+            while True:
+                row = conn.execute("SELECT status FROM tasks WHERE id = %s", [task_id]).fetchone()
+                if row[0] == "completed":
+                    return
+                assert time.monotonic() < deadline, f"task still {row[0]}"
+                time.sleep(0.05)  # polling the task's state: what this test waits on
+
+    try:
+        enqueue_and_wait_completed()
+        assert manage(env, "embedded_db", "stop").communicate(timeout=60)[0].strip() == "stopped"
+        assert worker.poll() is None  # the worker waits for the database to come back
+        enqueue_and_wait_completed()  # `enqueue` starts the server again
+        assert worker.poll() is None
+    finally:
+        worker.kill()
+        worker.wait(10)
+        log.close()
+        print((tmp_path / "worker.log").read_text())

@@ -201,3 +201,20 @@ def test_deleting_a_task_deletes_its_history_events_and_embedding_jobs():
     assert not AgentEvent.objects.filter(task_id=doomed).exists()
     assert EmbeddingJob.objects.count() == AgentEvent.objects.count() == 1
     assert AgentEvent.objects.get().task_id == keep
+
+
+def test_a_result_postgres_cannot_store_fails_that_task_only():
+    """jsonb refuses NUL characters: the task fails with the reason, the others complete."""
+    bad = operations.enqueue("NulResult", "nul").id
+    good = operations.enqueue("EchoAgent", "echo").id
+    run_burst(agents=("NulResult", "EchoAgent"))
+    failed = Task.objects.get(id=bad)
+    assert (failed.status, failed.error_info["type"]) == (TaskStatus.FAILED, "PermanentError")
+    assert "NUL character" in failed.error_info["message"]
+    assert Task.objects.get(id=good).status == TaskStatus.COMPLETED
+
+
+def test_enqueue_refuses_a_payload_postgres_cannot_store():
+    with pytest.raises(operations.InvalidTask, match="payload: contains a NUL character"):
+        operations.enqueue("EchoAgent", "echo", {"text": "nul\x00here"})
+    assert not Task.objects.exists()

@@ -53,3 +53,14 @@ class CrashTestAgent(Agent):
         if task.attempt == 0:
             task.sleep(task.payload.get("hang_seconds", 120))
         return {"survived_attempt": task.attempt}
+
+
+@register
+class NulResultAgent(Agent):
+    """Returns a result PostgreSQL's jsonb cannot store."""
+
+    name = "NulResult"
+    task_types = ("nul",)
+
+    def handle(self, task: TaskContext) -> dict[str, Any]:
+        return {"text": "nul\x00here"}
