@@ -218,3 +218,26 @@ def test_enqueue_refuses_a_payload_postgres_cannot_store():
     with pytest.raises(operations.InvalidTask, match="payload: contains a NUL character"):
         operations.enqueue("EchoAgent", "echo", {"text": "nul\x00here"})
     assert not Task.objects.exists()
+
+
+def test_the_automechanica_agents_run_through_a_worker():
+    part = {
+        "sku": "RTR-305F",
+        "category": "brake_rotor",
+        "attributes": {"diameter_mm": 305, "position": "front"},
+    }
+    fitment = operations.enqueue("FitmentAgent", "generate_fitment", {"part": part}).id
+    pricing = operations.enqueue(
+        "PricingAgent", "price_parts", {"items": [{"sku": "RTR-305F", "cost_cents": 3000}]}
+    ).id
+    broken = operations.enqueue("FitmentAgent", "generate_fitment", {"part": {"sku": "X"}}).id
+    agents = ("FitmentAgent", "PricingAgent", "SEOAgent", "SupplierNormalizationAgent")
+    run_burst(agents=agents)
+
+    done = Task.objects.get(id=fitment)
+    assert done.status == TaskStatus.COMPLETED and done.result["count"] == 2
+    assert done.agent_events.get().content.startswith("FitmentAgent matched brake rotor RTR-305F")
+    assert Task.objects.get(id=pricing).result["items"][0]["price_cents"] == 4699
+    failed = Task.objects.get(id=broken)
+    assert (failed.status, failed.attempts) == (TaskStatus.FAILED, 1)
+    assert failed.error_info["message"] == "payload.part.attributes: must be an object"
