@@ -202,6 +202,8 @@ class Worker:
     def _handle_loop(self) -> None:
         while (flight := self._work.get()) is not None:
             try:
+                if flight.settled:
+                    continue  # released at shutdown before a thread took it: not ours now
                 outcome = run_handler(flight)
                 if outcome is not None and flight.settle():
                     self._writer.put(outcome)

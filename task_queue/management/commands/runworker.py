@@ -4,6 +4,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -79,12 +80,11 @@ class Command(BaseCommand):
                 max_tasks=options["max_tasks"],
             )
         )
-        previous = self._install_signal_handlers(worker)
+        restore_signals = self._install_signal_handlers(worker)
         try:
             report = worker.run()
         finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+            restore_signals()
         logger.info(
             "worker %s stopped: %d claimed, %d outcomes written (%d refused), %d released",
             worker.id,
@@ -94,20 +94,38 @@ class Command(BaseCommand):
             report.released,
         )
 
-    def _install_signal_handlers(self, worker: Worker) -> dict[int, Any]:
-        """Take SIGTERM/SIGINT; returns the handlers they replace."""
+    def _install_signal_handlers(self, worker: Worker) -> Callable[[], None]:
+        """Take SIGTERM/SIGINT until the returned function gives them back.
+
+        The handler only writes the signal number to a pipe: it runs between two
+        bytecodes of the main thread, which may be holding the very lock that
+        ``Event.set`` needs. A relay thread reads the pipe and stops the worker.
+        """
         if threading.current_thread() is not threading.main_thread():
-            return {}  # called in-process from a thread: signals are not ours to take
-        signals_seen = 0
+            return lambda: None  # called in-process from a thread: signals are not ours
+        read_end, write_end = os.pipe()
+
+        def relay() -> None:
+            with os.fdopen(read_end, "rb", buffering=0) as signals:
+                if not (first := signals.read(1)):
+                    return  # the worker finished and closed the pipe
+                name = signal.Signals(first[0]).name
+                logger.info("%s: stopping after in-flight tasks", name)
+                worker.request_stop()
+                if second := signals.read(1):
+                    logger.warning("%s again: exiting at once", signal.Signals(second[0]).name)
+                    os._exit(128 + second[0])
+
+        threading.Thread(target=relay, name="signal-relay", daemon=True).start()
 
         def on_signal(signum: int, frame: object) -> None:
-            nonlocal signals_seen
-            signals_seen += 1
-            if signals_seen > 1:
-                os._exit(128 + signum)
-            logger.info("%s: stopping after in-flight tasks", signal.Signals(signum).name)
-            worker.request_stop()
+            os.write(write_end, bytes([signum]))
 
-        return {
-            signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)
-        }
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+        def restore() -> None:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            os.close(write_end)
+
+        return restore
