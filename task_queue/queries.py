@@ -102,6 +102,19 @@ def notify_agents(agents: Sequence[str]) -> None:
 
 # ---------------------------------------------------------------- leasing
 
+RELAX_COMMIT_DURABILITY = "SET synchronous_commit TO off"
+
+
+def relax_commit_durability() -> None:
+    """Let this thread's connection commit without waiting for the WAL flush.
+
+    Only for claims, starts and heartbeats: if the database crashes and loses one,
+    the task is pending or its lease runs out, the worker's fenced outcome write is
+    refused, and the task runs again, as after any crash. Outcomes stay durable.
+    """
+    _rows_nofetch(RELAX_COMMIT_DURABILITY, {})
+
+
 
 @dataclass(frozen=True, slots=True)
 class ClaimedTask:

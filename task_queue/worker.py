@@ -123,10 +123,14 @@ class Worker:
 
     def _fetch_loop(self) -> None:
         backoff = 0.1
+        relaxed = False  # this thread's connection commits claims without a WAL flush
         while not self._stopping.is_set():
             self._wake.clear()
             free = self._free_slots()
             try:
+                if not relaxed:
+                    queries.relax_commit_durability()
+                    relaxed = True
                 claimed = self._claim_and_dispatch(free) if free else 0
                 if free and claimed == free:
                     continue  # there may be more due right now
@@ -137,6 +141,7 @@ class Worker:
             except CONNECTION_ERRORS as error:
                 logger.warning("fetching tasks failed (%s); retrying in %.1f s", error, backoff)
                 connection.close()
+                relaxed = False
                 wait, backoff = backoff, min(backoff * 2, 5.0)
             self._wake.wait(wait)
 

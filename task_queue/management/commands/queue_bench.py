@@ -45,5 +45,7 @@ class Command(BaseCommand):
             f"enqueue {report['enqueue_tasks_per_s']} tasks/s, "
             f"drain {report['drain_tasks_per_s']} tasks/s "
             f"({report['workers']} workers × {report['concurrency']}), "
-            f"pickup p50 {latency['p50']} ms, p95 {latency['p95']} ms, p99 {latency['p99']} ms"
+            f"pickup p50 {latency['p50']} ms, p95 {latency['p95']} ms, p99 {latency['p99']} ms "
+            f"(to completion: p50 {report['done_latency_ms']['p50']} ms, "
+            f"p99 {report['done_latency_ms']['p99']} ms)"
         )
