@@ -115,7 +115,6 @@ def relax_commit_durability() -> None:
     _rows_nofetch(RELAX_COMMIT_DURABILITY, {})
 
 
-
 @dataclass(frozen=True, slots=True)
 class ClaimedTask:
     id: UUID
