@@ -241,3 +241,14 @@ def test_the_automechanica_agents_run_through_a_worker():
     failed = Task.objects.get(id=broken)
     assert (failed.status, failed.attempts) == (TaskStatus.FAILED, 1)
     assert failed.error_info["message"] == "payload.part.attributes: must be an object"
+
+
+def test_a_handler_past_its_timeout_fails_the_attempt_and_is_stopped():
+    task_id = operations.enqueue("Slow", "slow", {"seconds": 60}).id
+    report = run_burst(agents=("Slow",))  # returns once the stopped handler has let go
+    task = Task.objects.get(id=task_id)
+    assert (task.status, task.attempts) == (TaskStatus.PENDING, 1)
+    assert task.error_info["type"] == "TaskTimeout"
+    assert task.error_info["message"] == "handler ran longer than 1 s"
+    assert report.written == 1 and report.refused == 0
+    assert task.finished_at - task.started_at >= timedelta(seconds=1)

@@ -2,6 +2,7 @@
 real ``manage.py runworker`` processes on the real database."""
 
 import signal
+import uuid
 
 import pytest
 
@@ -151,3 +152,24 @@ def test_worker_wakes_on_notify_and_at_the_next_due_time_not_the_poll(worker_pro
     due = Task.objects.get(id=later_id).available_at
     wait_for(lambda: status_of(later_id) == TaskStatus.COMPLETED, timeout=10, what="due wake-up")
     assert Task.objects.get(id=later_id).started_at >= due
+
+
+def test_a_worker_that_lost_its_lease_stops_the_task_and_writes_nothing(worker_processes):
+    worker = worker_processes("EchoAgent", "--lease", "1.5", "--concurrency", "1").wait_ready()
+    task_id = operations.enqueue("EchoAgent", "echo", {"sleep_ms": 300_000}).id
+    wait_for(lambda: status_of(task_id) == TaskStatus.RUNNING, what="the task to run")
+    # As if the lease had been reaped and the task claimed by another worker.
+    Task.objects.filter(id=task_id).update(lease_owner="elsewhere:1", lease_token=uuid.uuid4())
+    taken = Task.objects.get(id=task_id)
+
+    wait_for(lambda: f"lost the lease on task {task_id}" in worker.log(), what="the heartbeat")
+    # Its one slot is free again: the handler was stopped.
+    next_id = operations.enqueue("EchoAgent", "echo").id
+    wait_for(lambda: status_of(next_id) == TaskStatus.COMPLETED, what="the next task")
+    after = Task.objects.get(id=task_id)
+    assert (after.status, after.lease_owner, after.lease_token) == (
+        TaskStatus.RUNNING,
+        "elsewhere:1",
+        taken.lease_token,
+    )
+    assert not TaskHistory.objects.filter(task_id=task_id).exists()

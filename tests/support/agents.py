@@ -64,3 +64,16 @@ class NulResultAgent(Agent):
 
     def handle(self, task: TaskContext) -> dict[str, Any]:
         return {"text": "nul\x00here"}
+
+
+@register
+class SlowAgent(Agent):
+    """Sleeps (cooperatively) longer than its one-second timeout allows."""
+
+    name = "Slow"
+    task_types = ("slow",)
+    timeout = 1.0
+
+    def handle(self, task: TaskContext) -> dict[str, Any]:
+        task.sleep(task.payload.get("seconds", 60))
+        return {"slept": True}
