@@ -173,3 +173,22 @@ def test_a_worker_that_lost_its_lease_stops_the_task_and_writes_nothing(worker_p
         taken.lease_token,
     )
     assert not TaskHistory.objects.filter(task_id=task_id).exists()
+
+
+def test_priority_order_holds_across_worker_processes(worker_processes):
+    """Two workers, one task at a time each. Low-priority tasks are older, so an
+    age-only order would run them first; by priority, at most one low task (taken by
+    one worker while the other still held the last high one) starts before the last
+    high-priority task."""
+    for _ in range(2):
+        worker_processes("EchoAgent", "--concurrency", "1").wait_ready()
+    low = [TaskSpec("EchoAgent", "echo", {"sleep_ms": 5}, priority=5) for _ in range(30)]
+    high = [TaskSpec("EchoAgent", "echo", {"sleep_ms": 5}, priority=0) for _ in range(30)]
+    operations.enqueue_many(low + high)
+    wait_for(
+        lambda: Task.objects.filter(status=TaskStatus.COMPLETED).count() == 60,
+        what="all tasks to complete",
+    )
+    last_high_start = max(Task.objects.filter(priority=0).values_list("started_at", flat=True))
+    early_low = Task.objects.filter(priority=5, started_at__lt=last_high_start).count()
+    assert early_low <= 1
