@@ -2,6 +2,7 @@
 
 import os
 
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "automechanica.settings")
@@ -16,7 +17,9 @@ websocket_urlpatterns: list = []
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # The server serves its own static files (the API docs' Swagger UI, the admin's
+        # styles) from the apps' static folders: no collectstatic step, no second server.
+        "http": ASGIStaticFilesHandler(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

@@ -41,8 +41,11 @@ INSTALLED_APPS = [
     "task_queue",
     "workflows",
     "agents_app",
+    "automechanica.api",
     "daphne",
     "channels",
+    # Serves the Swagger UI of /api/docs from our own static files, not a CDN.
+    "ninja",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -115,6 +118,11 @@ QUEUE_LEASE_SECONDS = float(os.environ.get("QUEUE_LEASE_SECONDS", 30))
 QUEUE_POLL_SECONDS = float(os.environ.get("QUEUE_POLL_SECONDS", 5))
 QUEUE_REAPER_SECONDS = float(os.environ.get("QUEUE_REAPER_SECONDS", 5))
 QUEUE_SHUTDOWN_GRACE_SECONDS = float(os.environ.get("QUEUE_SHUTDOWN_GRACE_SECONDS", 10))
+# The largest task payload accepted, as JSON (the API answers 413 beyond it).
+QUEUE_MAX_PAYLOAD_BYTES = int(os.environ.get("QUEUE_MAX_PAYLOAD_BYTES", 1024 * 1024))
+
+# The largest request body the API reads (a batch of up to 1,000 tasks); 413 beyond it.
+DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("API_MAX_REQUEST_BYTES", 32 * 1024 * 1024))
 
 LOGGING = {
     "version": 1,

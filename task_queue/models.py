@@ -13,6 +13,7 @@ from django.db.models.functions import Now
 
 PRIORITY_MIN = 0
 PRIORITY_MAX = 9
+MAX_ATTEMPTS_LIMIT = 100
 
 
 class Priority(models.IntegerChoices):
@@ -35,6 +36,7 @@ class TaskStatus(models.TextChoices):
 
 
 HELD_STATUSES = (TaskStatus.LEASED, TaskStatus.RUNNING)
+FINAL_STATUSES = (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.DEAD, TaskStatus.CANCELLED)
 REVIVABLE_STATUSES = (TaskStatus.DEAD, TaskStatus.FAILED)
 
 
@@ -62,6 +64,9 @@ class Task(models.Model):
     error_info = models.JSONField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
     idempotency_key = models.TextField(null=True, blank=True)
+    # A hash of the request that created a keyed task: the same key with another
+    # request is a conflict, even after the task's payload was edited.
+    idempotency_fingerprint = models.TextField(null=True, blank=True)
     trace_id = models.TextField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -118,6 +123,13 @@ class Task(models.Model):
                 condition=models.Q(status__in=HELD_STATUSES),
                 name="tasks_held_lease_idx",
             ),
+            # Throughput and latency over the last minutes (the metrics endpoint): one
+            # entry per task, taken when it reaches its final status.
+            models.Index(
+                fields=["finished_at"],
+                condition=models.Q(status__in=FINAL_STATUSES),
+                name="tasks_finished_idx",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -136,6 +148,7 @@ class TaskEvent(models.TextChoices):
     CANCEL_REQUESTED = "cancel_requested"
     CANCELLED = "cancelled"
     REVIVED = "revived"
+    UPDATED = "updated"  # an operator changed a pending task (priority, payload, due time)
 
 
 class TaskHistory(models.Model):

@@ -7,32 +7,63 @@ transaction.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.db import transaction
 
 from agents_app import registry
 
 from . import queries
-from .models import PRIORITY_MAX, PRIORITY_MIN, Priority
+from .models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN, Priority
 from .storable import json_has_nul
 
 
 class InvalidTask(ValueError):
-    """A task specification was refused; ``field`` names the offending field."""
+    """A task specification was refused.
 
-    def __init__(self, field: str, message: str, *, index: int | None = None) -> None:
-        where = f"tasks[{index}].{field}" if index is not None else field
-        super().__init__(f"{where}: {message}")
+    ``field`` names the offending field of the task, ``path`` where it is in the
+    request (``tasks[3].priority``), ``code`` what kind of refusal it is
+    (``invalid``, ``unknown_agent``, ``payload_too_large``, ``workflow_cancelled``).
+    """
+
+    def __init__(
+        self,
+        field: str,
+        message: str,
+        *,
+        index: int | None = None,
+        prefix: str = "tasks",
+        code: str = "invalid",
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        self.path = f"{prefix}[{index}].{field}" if index is not None else field
+        super().__init__(f"{self.path}: {message}")
         self.field = field
         self.index = index
         self.message = message
+        self.code = code
+        self.details = details or {}
+
+
+class IdempotencyConflict(ValueError):
+    """An idempotency key was used before, for a task created by a different request."""
+
+    def __init__(self, key: str, task_id: UUID, path: str) -> None:
+        super().__init__(
+            f"{path}: idempotency key {key!r} belongs to task {task_id}, "
+            "created by a different request"
+        )
+        self.key = key
+        self.task_id = task_id
+        self.path = path
 
 
 @dataclass
@@ -57,64 +88,117 @@ class Enqueued:
     created: bool  # False: an existing task with the same idempotency key
 
 
+# Longest delay accepted: beyond it a due time is almost surely a unit mistake.
+MAX_DELAY_SECONDS = 366 * 24 * 3600
+# Identifiers are indexed; PostgreSQL cannot index arbitrarily long text.
+MAX_KEY_LENGTH = 200
+
+
 def enqueue(
     agent_name: str, task_type: str, payload: dict[str, Any] | None = None, **options: Any
 ) -> Enqueued:
     """Enqueue one task; see :class:`TaskSpec` for the options."""
     spec = TaskSpec(agent_name, task_type, payload if payload is not None else {}, **options)
-    return enqueue_many([spec])[0]
+    return enqueue_many([spec], indexed=False)[0]
 
 
-def enqueue_many(specs: Sequence[TaskSpec]) -> list[Enqueued]:
-    """Enqueue tasks in one statement; all or none. Raises :class:`InvalidTask`."""
-    rows = [_validated(spec, index if len(specs) > 1 else None) for index, spec in enumerate(specs)]
+def enqueue_many(
+    specs: Sequence[TaskSpec], *, prefix: str = "tasks", indexed: bool = True
+) -> list[Enqueued]:
+    """Enqueue tasks in one statement; all or none.
+
+    Raises :class:`InvalidTask` or :class:`IdempotencyConflict`, naming the field as
+    ``{prefix}[i].field`` (just ``field`` when not ``indexed``). A task whose
+    idempotency key exists already, from the same request, is returned with
+    ``created`` false; from a different request, it is a conflict.
+    """
+    rows = [
+        _validated(spec, index if indexed else None, prefix) for index, spec in enumerate(specs)
+    ]
     if not rows:
         return []
     with transaction.atomic():
-        result = queries.enqueue_tasks(rows)
+        _check_workflows(rows, prefix, indexed)
+        results = queries.enqueue_tasks(rows)
+        for index, (row, result) in enumerate(zip(rows, results, strict=True)):
+            if not result.created and result.existing_fingerprint != row["idempotency_fingerprint"]:
+                path = f"{prefix}[{index}].idempotency_key" if indexed else "idempotency_key"
+                raise IdempotencyConflict(row["idempotency_key"], result.id, path)
         queries.notify_agents([row["agent_name"] for row in rows])
-    return [Enqueued(task_id, created) for task_id, created in result]
+    return [Enqueued(result.id, result.created) for result in results]
 
 
-def _validated(spec: TaskSpec, index: int | None) -> dict[str, Any]:
-    def invalid(name: str, message: str) -> InvalidTask:
-        return InvalidTask(name, message, index=index)
+def _check_workflows(rows: list[dict[str, Any]], prefix: str, indexed: bool) -> None:
+    from workflows.models import Workflow
+
+    wanted = {row["workflow_id"] for row in rows if row["workflow_id"]}
+    if not wanted:
+        return
+    known = dict(Workflow.objects.filter(id__in=wanted).values_list("id", "cancelled_at"))
+    known = {str(key): cancelled_at for key, cancelled_at in known.items()}
+    for index, row in enumerate(rows):
+        workflow_id = row["workflow_id"]
+        if workflow_id is None:
+            continue
+        where = {"index": index if indexed else None, "prefix": prefix}
+        if workflow_id not in known:
+            raise InvalidTask("workflow_id", f"no workflow {workflow_id}", **where)
+        if known[workflow_id] is not None:
+            raise InvalidTask(
+                "workflow_id",
+                f"workflow {workflow_id} is cancelled",
+                code="workflow_cancelled",
+                **where,
+            )
+
+
+def _validated(spec: TaskSpec, index: int | None, prefix: str) -> dict[str, Any]:
+    def invalid(name: str, message: str, **kwargs: Any) -> InvalidTask:
+        return InvalidTask(name, message, index=index, prefix=prefix, **kwargs)
 
     try:
         agent = registry.get(spec.agent_name)
-    except KeyError:
-        known = ", ".join(registry.names())
-        raise invalid("agent_name", f"unknown agent {spec.agent_name!r}; known: {known}") from None
+    except (KeyError, TypeError):
+        known = registry.names()
+        raise invalid(
+            "agent_name",
+            f"unknown agent {spec.agent_name!r}; known: {', '.join(known)}",
+            code="unknown_agent",
+            details={"known_agents": known},
+        ) from None
     if spec.task_type not in agent.task_types:
         handled = ", ".join(agent.task_types)
-        raise invalid("task_type", f"{spec.agent_name} handles {handled}, not {spec.task_type!r}")
-    if not isinstance(spec.payload, dict):
-        raise invalid("payload", "must be a JSON object")
-    try:
-        payload_json = json.dumps(spec.payload, allow_nan=False)
-    except (TypeError, ValueError) as error:
-        raise invalid("payload", f"is not JSON-serialisable: {error}") from None
-    if json_has_nul(payload_json):
-        raise invalid("payload", "contains a NUL character, which PostgreSQL cannot store")
+        raise invalid(
+            "task_type",
+            f"{spec.agent_name} handles {handled}, not {spec.task_type!r}",
+            details={"task_types": list(agent.task_types)},
+        )
+    payload_json(spec.payload, invalid)
     if not _is_int(spec.priority) or not PRIORITY_MIN <= spec.priority <= PRIORITY_MAX:
         raise invalid("priority", f"must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}")
     max_attempts = agent.max_attempts if spec.max_attempts is None else spec.max_attempts
-    if not _is_int(max_attempts) or max_attempts < 1:
-        raise invalid("max_attempts", "must be an integer of at least 1")
+    if not _is_int(max_attempts) or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+        raise invalid("max_attempts", f"must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}")
     if spec.delay_seconds is not None and (
         isinstance(spec.delay_seconds, bool)
         or not isinstance(spec.delay_seconds, int | float)
         or not math.isfinite(spec.delay_seconds)
-        or spec.delay_seconds < 0
+        or not 0 <= spec.delay_seconds <= MAX_DELAY_SECONDS
     ):
-        raise invalid("delay_seconds", "must be a non-negative number of seconds")
+        raise invalid("delay_seconds", f"must be a number of seconds from 0 to {MAX_DELAY_SECONDS}")
     if spec.available_at is not None and spec.delay_seconds is not None:
         raise invalid("available_at", "give available_at or delay_seconds, not both")
     if spec.available_at is not None and (
         not isinstance(spec.available_at, datetime) or spec.available_at.tzinfo is None
     ):
         raise invalid("available_at", "must be a timezone-aware datetime")
-    return {
+    for name in ("idempotency_key", "trace_id"):
+        value = getattr(spec, name)
+        if value is not None and (
+            not isinstance(value, str) or not 1 <= len(value) <= MAX_KEY_LENGTH or "\x00" in value
+        ):
+            raise invalid(name, f"must be text of 1 to {MAX_KEY_LENGTH} characters, without NUL")
+    row = {
         "agent_name": spec.agent_name,
         "task_type": spec.task_type,
         "payload": spec.payload,
@@ -122,10 +206,43 @@ def _validated(spec: TaskSpec, index: int | None) -> dict[str, Any]:
         "max_attempts": max_attempts,
         "workflow_id": str(spec.workflow_id) if spec.workflow_id else None,
         "delay_seconds": spec.delay_seconds,
-        "available_at": spec.available_at.isoformat() if spec.available_at else None,
+        # In UTC: PostgreSQL refuses the offsets beyond ±15:59 that Python allows.
+        "available_at": spec.available_at.astimezone(UTC).isoformat()
+        if spec.available_at
+        else None,
         "idempotency_key": spec.idempotency_key,
         "trace_id": spec.trace_id,
     }
+    row["idempotency_fingerprint"] = _fingerprint(row) if spec.idempotency_key else None
+    return row
+
+
+def payload_json(payload: Any, invalid: Callable[..., InvalidTask]) -> str:
+    """``payload`` as JSON text, if the queue can store it; ``invalid(field, message)``
+    makes the error otherwise."""
+    if not isinstance(payload, dict):
+        raise invalid("payload", "must be a JSON object")
+    try:
+        text = json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise invalid("payload", f"is not JSON-serialisable: {error}") from None
+    if json_has_nul(text):
+        raise invalid("payload", "contains a NUL character, which PostgreSQL cannot store")
+    size, limit = len(text.encode()), settings.QUEUE_MAX_PAYLOAD_BYTES
+    if size > limit:
+        raise invalid(
+            "payload",
+            f"is {size} bytes as JSON; the limit is {limit}",
+            code="payload_too_large",
+            details={"limit_bytes": limit},
+        )
+    return text
+
+
+def _fingerprint(row: dict[str, Any]) -> str:
+    """A hash of everything the request said about the task."""
+    canonical = json.dumps(row, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _is_int(value: Any) -> bool:
@@ -138,7 +255,7 @@ def revive(ids: Iterable[UUID], *, actor: str, payload: dict[str, Any] | None = 
     ``payload`` replaces the payload of every revived task (edit before retry).
     Returns the ids revived; tasks in another status are left alone.
     """
-    new_payload = json.dumps(payload) if payload is not None else None
+    new_payload = payload_json(payload, InvalidTask) if payload is not None else None
     with transaction.atomic():
         revived = queries.revive_tasks(ids=list(ids), actor=actor, payload=new_payload, now=None)
         queries.notify_agents([agent for _, agent in revived])
@@ -150,3 +267,50 @@ def cancel(ids: Iterable[UUID], *, actor: str) -> dict[UUID, str]:
     which their worker sees at its next heartbeat. Returns {id: "cancelled" or
     "cancel_requested"} for the tasks affected."""
     return dict(queries.cancel_tasks(ids=list(ids), actor=actor, now=None))
+
+
+class TaskNotFound(LookupError):
+    pass
+
+
+class TaskNotPending(ValueError):
+    def __init__(self, status: str) -> None:
+        super().__init__(f"the task is {status}, not pending")
+        self.status = status
+
+
+def update_pending(
+    task_id: UUID,
+    *,
+    actor: str,
+    priority: int | None = None,
+    payload: dict[str, Any] | None = None,
+    available_at: datetime | None = None,
+) -> None:
+    """Change a pending task (what Oban calls editing a job before it runs).
+
+    Raises :class:`TaskNotFound`, :class:`TaskNotPending`, or :class:`InvalidTask`
+    for a value the queue would not accept at enqueue.
+    """
+    new_payload = payload_json(payload, InvalidTask) if payload is not None else None
+    if priority is not None and (
+        not _is_int(priority) or not PRIORITY_MIN <= priority <= PRIORITY_MAX
+    ):
+        raise InvalidTask("priority", f"must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}")
+    if available_at is not None and available_at.tzinfo is None:
+        raise InvalidTask("available_at", "must be a timezone-aware datetime")
+    with transaction.atomic():
+        found = queries.update_pending_task(
+            task_id=task_id,
+            actor=actor,
+            priority=priority,
+            payload=new_payload,
+            available_at=available_at.astimezone(UTC) if available_at else None,
+            now=None,
+        )
+        if found is None:
+            raise TaskNotFound(str(task_id))
+        status, agent_name = found
+        if agent_name is None:
+            raise TaskNotPending(status)
+        queries.notify_agents([agent_name])

@@ -44,21 +44,23 @@ WITH input AS MATERIALIZED (
     FROM jsonb_to_recordset(%(tasks)s::jsonb) AS r(
         ord int, workflow_id uuid, agent_name text, task_type text, payload jsonb,
         priority int, max_attempts int, available_at timestamptz, delay_seconds float8,
-        idempotency_key text, trace_id text)
+        idempotency_key text, idempotency_fingerprint text, trace_id text)
 ),
 inserted AS (
     INSERT INTO tasks (id, workflow_id, agent_name, task_type, payload, priority, max_attempts,
-                       available_at, idempotency_key, trace_id, created_at, updated_at)
+                       available_at, idempotency_key, idempotency_fingerprint, trace_id,
+                       created_at, updated_at)
     SELECT input.id, workflow_id, agent_name, task_type, payload, priority, max_attempts,
            COALESCE(input.available_at,
                     {_NOW} + make_interval(secs => COALESCE(delay_seconds, 0))),
-           idempotency_key, trace_id, clock_timestamp(), {_NOW}
+           idempotency_key, idempotency_fingerprint, trace_id, clock_timestamp(), {_NOW}
     FROM input
     ORDER BY ord
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id
 )
-SELECT input.ord, COALESCE(inserted.id, existing.id), inserted.id IS NOT NULL
+SELECT input.ord, COALESCE(inserted.id, existing.id), inserted.id IS NOT NULL,
+       existing.idempotency_fingerprint
 FROM input
 LEFT JOIN inserted ON inserted.id = input.id
 LEFT JOIN tasks existing
@@ -67,33 +69,48 @@ ORDER BY input.ord
 """
 
 FIND_TASKS_BY_IDEMPOTENCY_KEY = """
-SELECT idempotency_key, id FROM tasks WHERE idempotency_key = ANY(%(keys)s::text[])
+SELECT idempotency_key, id, idempotency_fingerprint FROM tasks
+WHERE idempotency_key = ANY(%(keys)s::text[])
 """
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    id: UUID
+    created: bool
+    # For a task that existed already: the fingerprint of the request that created it.
+    existing_fingerprint: str | None
+
+
+def enqueue_tasks(tasks: Sequence[dict[str, Any]]) -> list[EnqueueResult]:
+    """Insert tasks; one result per input, in order.
+
+    A task whose idempotency key exists already is not inserted: that row's id
+    comes back with ``created`` false.
+    """
+    rows = [{**task, "ord": i} for i, task in enumerate(tasks)]
+    result = _rows(ENQUEUE_TASKS, {"tasks": json.dumps(rows, default=str), "now": None})
+    missing = [rows[ord_]["idempotency_key"] for ord_, task_id, _, _ in result if task_id is None]
+    # A key whose row a concurrent transaction committed after this statement's
+    # snapshot, or that came twice in this batch, is looked up anew.
+    found = {
+        key: (task_id, fingerprint)
+        for key, task_id, fingerprint in (
+            _rows(FIND_TASKS_BY_IDEMPOTENCY_KEY, {"keys": missing}) if missing else []
+        )
+    }
+    results = []
+    for ord_, task_id, created, fingerprint in result:
+        if task_id is None:
+            task_id, fingerprint = found[rows[ord_]["idempotency_key"]]
+        results.append(EnqueueResult(task_id, created, fingerprint))
+    return results
+
 
 # Delivered when the enqueuing transaction commits, and not at all if it rolls back.
 NOTIFY_AGENTS = f"""
 SELECT pg_notify('{NOTIFY_CHANNEL}', agent) FROM unnest(%(agents)s::text[]) AS agent
 """
-
-
-def enqueue_tasks(tasks: Sequence[dict[str, Any]]) -> list[tuple[UUID, bool]]:
-    """Insert tasks; returns (id, created) per input in order.
-
-    A task whose idempotency key exists already is not inserted: its row's id comes
-    back with ``created`` false.
-    """
-    rows = [{**task, "ord": i} for i, task in enumerate(tasks)]
-    result = _rows(ENQUEUE_TASKS, {"tasks": json.dumps(rows, default=str), "now": None})
-    missing = [rows[ord_]["idempotency_key"] for ord_, task_id, _ in result if task_id is None]
-    if missing:
-        # The key's row was committed by a concurrent transaction after this
-        # statement's snapshot, or it came twice in this batch: look it up anew.
-        found = dict(_rows(FIND_TASKS_BY_IDEMPOTENCY_KEY, {"keys": missing}))
-        result = [
-            (o, task_id or found[rows[o]["idempotency_key"]], created)
-            for o, task_id, created in result
-        ]
-    return [(task_id, created) for _, task_id, created in result]
 
 
 def notify_agents(agents: Sequence[str]) -> None:
@@ -615,6 +632,67 @@ def cancel_tasks(
     return _rows(CANCEL_TASKS, {"ids": list(ids), "actor": actor, "now": now})
 
 
+UPDATE_PENDING_TASK = f"""
+WITH target AS (
+    SELECT id, status, priority, payload, available_at FROM tasks
+    WHERE id = %(id)s
+    FOR UPDATE
+),
+updated AS (
+    UPDATE tasks t
+    SET priority = COALESCE(%(priority)s, t.priority),
+        payload = COALESCE(%(payload)s::jsonb, t.payload),
+        available_at = COALESCE(%(available_at)s::timestamptz, t.available_at),
+        updated_at = {_NOW}
+    FROM target
+    WHERE t.id = target.id AND target.status = 'pending'
+    RETURNING t.id, t.agent_name, t.attempts, t.priority, t.payload, t.available_at
+),
+history AS (
+    INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
+                              occurred_at, detail)
+    SELECT updated.id, 'updated', 'pending', 'pending', updated.attempts, %(actor)s, {_NOW},
+           jsonb_strip_nulls(jsonb_build_object(
+               'priority', CASE WHEN %(priority)s IS NOT NULL THEN jsonb_build_object(
+                   'from', target.priority, 'to', updated.priority) END,
+               'payload', CASE WHEN %(payload)s IS NOT NULL THEN jsonb_build_object(
+                   'from', target.payload, 'to', updated.payload) END,
+               'available_at', CASE WHEN %(available_at)s IS NOT NULL THEN jsonb_build_object(
+                   'from', target.available_at, 'to', updated.available_at) END))
+    FROM updated JOIN target ON target.id = updated.id
+)
+SELECT target.status, updated.agent_name
+FROM target LEFT JOIN updated ON updated.id = target.id
+"""
+
+
+def update_pending_task(
+    *,
+    task_id: UUID,
+    actor: str,
+    priority: int | None,
+    payload: str | None,
+    available_at: datetime | None,
+    now: datetime | None,
+) -> tuple[str, str | None] | None:
+    """Change a pending task's priority, payload (JSON text) or due time; None leaves
+    a field as it is. The history row records each change, from and to.
+
+    Returns (status before, agent name if updated), or None when there is no such
+    task; a task that is not pending is left alone.
+    """
+    params = {
+        "id": task_id,
+        "actor": actor,
+        "priority": priority,
+        "payload": payload,
+        "available_at": available_at,
+        "now": now,
+    }
+    rows = _rows(UPDATE_PENDING_TASK, params)
+    return rows[0] if rows else None
+
+
 # ---------------------------------------------------------------- reading
 
 COUNT_TASKS_BY_AGENT_AND_STATUS = """
@@ -635,6 +713,57 @@ FROM tasks WHERE status = 'pending' AND available_at <= now()
 def oldest_pending_age_seconds() -> float | None:
     """How long the longest-waiting due task has waited, or None if none waits."""
     return _rows(OLDEST_PENDING_AGE, {})[0][0]
+
+
+# Tasks that reached their final status in the last 15 minutes, per agent: the
+# partial index tasks_finished_idx finds them without reading older tasks.
+RECENT_FINISHED_TASKS = """
+SELECT agent_name,
+       count(*) FILTER (WHERE status = 'completed' AND finished_at >= now() - interval '1 minute'),
+       count(*) FILTER (WHERE status = 'completed' AND finished_at >= now() - interval '5 minutes'),
+       count(*) FILTER (WHERE status = 'completed'),
+       count(*) FILTER (WHERE status IN ('failed', 'dead')
+                          AND finished_at >= now() - interval '1 minute'),
+       count(*) FILTER (WHERE status IN ('failed', 'dead')
+                          AND finished_at >= now() - interval '5 minutes'),
+       count(*) FILTER (WHERE status IN ('failed', 'dead')),
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (
+           ORDER BY EXTRACT(EPOCH FROM started_at - available_at))
+           FILTER (WHERE started_at >= available_at),
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (
+           ORDER BY EXTRACT(EPOCH FROM finished_at - started_at))
+           FILTER (WHERE started_at IS NOT NULL)
+FROM tasks
+WHERE status IN ('completed', 'failed', 'dead', 'cancelled')
+  AND finished_at >= now() - interval '15 minutes'
+GROUP BY agent_name
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class RecentActivity:
+    agent_name: str
+    completed: tuple[int, int, int]  # in the last 1, 5 and 15 minutes
+    failed: tuple[int, int, int]  # failed or dead, likewise
+    queue_wait_seconds: tuple[float, float, float] | None  # p50, p95, p99
+    run_seconds: tuple[float, float, float] | None
+
+
+def recent_activity() -> list[RecentActivity]:
+    """Per agent: what finished in the last 1/5/15 minutes and how long it waited and ran.
+
+    Queue wait is from when a task was due (``available_at``) to its last start.
+    """
+    return [
+        RecentActivity(
+            agent,
+            (c1, c5, c15),
+            (f1, f5, f15),
+            tuple(wait) if wait else None,
+            tuple(run) if run else None,
+        )
+        for agent, c1, c5, c15, f1, f5, f15, wait, run in _rows(RECENT_FINISHED_TASKS, {})
+    ]
 
 
 def _rows_nofetch(sql: str, params: dict[str, Any]) -> int:

@@ -16,6 +16,7 @@ from django.db import connection
 
 import tests.support.agents  # noqa: F401 - registers the test agents in this process
 from task_queue.models import Worker
+from tests.support.server import LiveServer
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_AGENT_MODULES = "tests.support.agents"
@@ -127,6 +128,22 @@ def worker_processes(transactional_db, tmp_path) -> Iterator[Callable[..., Worke
     yield start
     for worker in started:
         worker.stop()
+
+
+@pytest.fixture
+def live_servers(transactional_db, tmp_path) -> Iterator[Callable[[], LiveServer]]:
+    """Start real daphne servers on the test database; all are stopped after."""
+    started: list[LiveServer] = []
+
+    def start() -> LiveServer:
+        server = LiveServer(manage_env(), tmp_path / f"daphne-{len(started)}.log", REPO)
+        started.append(server)
+        wait_for(server.ready, timeout=60, what="daphne to answer")
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
 
 
 @pytest.fixture

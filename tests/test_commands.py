@@ -2,17 +2,22 @@
 
 import json
 import re
+import signal
+import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from io import StringIO
 
+import psutil
 import pytest
 from django.core.management import call_command, get_commands
 from django.core.management.base import CommandError
 
-from task_queue.models import Task, TaskStatus
+from task_queue.models import Task, TaskStatus, Worker
 
-from .conftest import REPO, manage_env
+from .conftest import REPO, manage_env, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -64,9 +69,12 @@ def test_enqueue_prints_one_id_per_line():
         (["EchoAgent", "echo", "--payload", "[1]"], "--payload: must be a JSON object"),
         (["EchoAgent", "echo", "--priority", "10"], "--priority: must be an integer from 0 to 9"),
         (["EchoAgent", "echo", "--priority", "-1"], "--priority: must be an integer from 0 to 9"),
-        (["EchoAgent", "echo", "--max-attempts", "0"], "--max-attempts: must be an integer of"),
+        (
+            ["EchoAgent", "echo", "--max-attempts", "0"],
+            "--max-attempts: must be an integer from 1 to 100",
+        ),
         (["EchoAgent", "echo", "--count", "0"], "--count must be at least 1"),
-        (["EchoAgent", "echo", "--delay", "-5"], "--delay: must be a non-negative number"),
+        (["EchoAgent", "echo", "--delay", "-5"], "--delay: must be a number of seconds from 0 to"),
     ],
 )
 def test_enqueue_refuses_bad_input_and_writes_nothing(args, message):
@@ -129,3 +137,42 @@ def test_runworker_max_tasks():
     call("runworker", "EchoAgent", "--max-tasks", "3", "--concurrency", "2")
     assert Task.objects.filter(status=TaskStatus.COMPLETED).count() == 3
     assert Task.objects.filter(status=TaskStatus.PENDING).count() == 2
+
+
+@pytest.mark.slow
+def test_up_serves_the_api_and_stops_everything_on_ctrl_c(transactional_db, tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = (tmp_path / "up.log").open("wb")
+    up = subprocess.Popen(
+        [sys.executable, "manage.py", "up", "--agents", "EchoAgent", "--port", str(port)],
+        cwd=REPO,
+        env=manage_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+    def answers(path: str) -> int:
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5).status
+        except urllib.error.HTTPError as error:
+            return error.code
+        except OSError:
+            assert up.poll() is None, (tmp_path / "up.log").read_text()
+            return 0
+
+    try:
+        wait_for(lambda: answers("/api/v1/tasks") == 401, timeout=90, what="the API")
+        assert answers("/static/ninja/swagger-ui-bundle.js") == 200
+        wait_for(lambda: Worker.objects.exists(), timeout=60, what="the worker")
+        children = psutil.Process(up.pid).children(recursive=True)
+        assert len(children) == 2
+        up.send_signal(signal.SIGINT)
+        assert up.wait(60) == 0, (tmp_path / "up.log").read_text()
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert alive == []
+    finally:
+        if up.poll() is None:
+            up.kill()
+        log.close()

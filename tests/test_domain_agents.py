@@ -136,6 +136,7 @@ FEED = [
         "Weight": "12.5 lb",
         "Category": "Disc Rotor",
         "Desc": " Front  rotor ",
+        "Specs": {"diameter_mm": 305, "position": "front"},
     },
     {"sku": "RTR-305F", "price": 1},
     {"part_number": "pad-1", "price": "12,50 EUR", "wt": "40 oz", "type": "Ceramic brake pads"},
@@ -161,6 +162,7 @@ def test_supplier_feed_is_normalised():
             "price_cents": 5490,
             "currency": "USD",
             "weight_kg": 5.67,
+            "attributes": {"diameter_mm": 305, "position": "front"},
         },
         {
             "sku": "PAD-1",
@@ -170,6 +172,7 @@ def test_supplier_feed_is_normalised():
             "price_cents": 1250,
             "currency": "EUR",
             "weight_kg": 1.134,
+            "attributes": {},
         },
         {
             "sku": "PLUG-7",
@@ -179,6 +182,7 @@ def test_supplier_feed_is_normalised():
             "price_cents": 129950,
             "currency": "USD",
             "weight_kg": 0.05,
+            "attributes": {},
         },
     ]
     assert result["rejected"] == [

@@ -4,7 +4,8 @@ Payload::
 
     {"supplier": "Acme Parts",
      "items": [{"Part No": " rtr-305f ", "Brand": "  brembo ", "Price": "$54.90",
-                "Weight": "12.5 lb", "Category": "Disc Rotor"}, ...]}
+                "Weight": "12.5 lb", "Category": "Disc Rotor",
+                "Specs": {"diameter_mm": 305, "position": "front"}}, ...]}
 
 Suppliers name and format fields their own way. Each row's keys are matched
 case-insensitively against known aliases; prices (``"$12.50"``, ``"12,50 EUR"``, a
@@ -12,7 +13,7 @@ number) become integer cents and a currency; weights (``"2 lb"``, ``"40 oz"``,
 ``"1.2kg"``, a number in kg) become kilograms; free-text categories map onto the
 catalogue's. Rows without a sku or with an unreadable price are rejected with a
 reason, without failing the task; a sku seen again is counted as a duplicate and
-the first row kept.
+the first row kept. A row's ``attributes`` (or ``specs``) object passes through.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ ALIASES = {
     "weight": ("weight", "wt", "shipping_weight"),
     "category": ("category", "type", "product_type"),
     "description": ("description", "desc", "name", "title"),
+    "attributes": ("attributes", "specs", "specifications"),
 }
 # Checked in order: the first keyword found in the text decides.
 CATEGORY_KEYWORDS = (
@@ -125,6 +127,9 @@ def normalise_row(row: dict[str, Any]) -> dict[str, Any]:
         "price_cents": cents,
         "currency": currency,
         "weight_kg": parse_weight_kg(pick(row, "weight")),
+        # Technical attributes (rotor diameter, thread, ...) pass through as given,
+        # for the agents after this one (FitmentAgent matches on them).
+        "attributes": attributes if isinstance(attributes := pick(row, "attributes"), dict) else {},
     }
 
 

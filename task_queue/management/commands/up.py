@@ -1,10 +1,11 @@
 """``manage.py up``: run the product on one machine.
 
 Applies migrations (starting the embedded database when ``DATABASE_URL`` is unset),
-then runs one ``runworker`` process per agent and supervises them: a worker that
-dies is reported and the others are stopped. Ctrl-C (or SIGTERM) stops every worker
-gracefully; a second Ctrl-C stops them at once. The dashboard issue adds the web
-server, the first admin user and ``--demo`` here.
+then runs the web server (daphne: the API, its docs and the admin) and one
+``runworker`` process per agent, and supervises them: a process that dies is
+reported and the others are stopped. Ctrl-C (or SIGTERM) stops every process
+gracefully; a second Ctrl-C stops them at once. The dashboard issue adds the first
+admin user and ``--demo`` here.
 """
 
 import signal
@@ -21,13 +22,15 @@ from agents_app import registry
 
 
 class Command(BaseCommand):
-    help = "Migrate, then run a worker per agent until Ctrl-C."
+    help = "Migrate, then run the web server and a worker per agent until Ctrl-C."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--agents", nargs="+", metavar="AGENT", help="only these agents (default: all)"
         )
         parser.add_argument("--concurrency", type=int, default=10, help="per worker (10)")
+        parser.add_argument("--host", default="127.0.0.1", help="web server address")
+        parser.add_argument("--port", type=int, default=8000, help="web server port (8000)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         agents = options["agents"] or registry.names()
@@ -36,22 +39,27 @@ class Command(BaseCommand):
             raise CommandError(f"unknown agent {', '.join(unknown)}")
         call_command("migrate", interactive=False, verbosity=0)
         self.stdout.write("database ready; starting workers: " + ", ".join(agents))
+        commands = {
+            agent: ["manage.py", "runworker", agent, "--concurrency", str(options["concurrency"])]
+            for agent in agents
+        }
+        commands["web server"] = [
+            "-m", "daphne", "-b", options["host"], "-p", str(options["port"]),
+            "automechanica.asgi:application",
+        ]  # fmt: skip
+        self.stdout.write(
+            f"web server: http://{options['host']}:{options['port']}/api/docs (API docs), "
+            f"/admin/ (admin)"
+        )
         workers = {
-            agent: subprocess.Popen(
-                [
-                    sys.executable,
-                    "manage.py",
-                    "runworker",
-                    agent,
-                    "--concurrency",
-                    str(options["concurrency"]),
-                ],
+            name: subprocess.Popen(
+                [sys.executable, *command],
                 cwd=settings.BASE_DIR,
                 # Their own session: a terminal's Ctrl-C reaches only this process,
                 # which passes on one SIGTERM per Ctrl-C (two would skip the grace).
                 start_new_session=True,
             )
-            for agent in agents
+            for name, command in commands.items()
         }
         stop_requests = 0
 
@@ -69,9 +77,9 @@ class Command(BaseCommand):
             if not stop_requests and failed is None:
                 failed = next((a for a, w in workers.items() if w.poll() is not None), None)
                 if failed is not None:
-                    self.stderr.write(f"the {failed} worker exited; stopping the others")
+                    self.stderr.write(f"the {failed} process exited; stopping the others")
                     on_signal(signal.SIGTERM, None)
             time.sleep(0.2)  # supervising child processes: nothing to wait on but them
         if failed is not None:
-            raise CommandError(f"the {failed} worker exited with {workers[failed].returncode}")
-        self.stdout.write("all workers stopped")
+            raise CommandError(f"the {failed} process exited with {workers[failed].returncode}")
+        self.stdout.write("all processes stopped")

@@ -1,0 +1,71 @@
+"""Bearer-token authentication with scopes, for every API route and the API docs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
+from ninja.errors import AuthorizationError
+from ninja.security import HttpBearer
+
+from .errors import body
+from .models import ApiToken, Scope, scope_allows
+from .tokens import find_active_token
+
+
+class TokenAuth(HttpBearer):
+    """``Authorization: Bearer <token>`` whose scope includes ``scope``.
+
+    No token or an unknown or revoked one answers 401 (ninja calls the API's
+    AuthenticationError handler when this returns None); a valid token with too
+    small a scope answers 403.
+    """
+
+    def __init__(self, scope: Scope) -> None:
+        super().__init__()
+        self.scope = scope
+
+    def authenticate(self, request: HttpRequest, token: str) -> ApiToken | None:
+        row = find_active_token(token)
+        if row is None:
+            return None
+        if not scope_allows(row.scope, self.scope):
+            raise AuthorizationError(
+                message=f"this route needs a token with scope {self.scope!r}; "
+                f"token {row.name!r} has {row.scope!r}"
+            )
+        return row
+
+
+READ = TokenAuth(Scope.READ)
+WRITE = TokenAuth(Scope.WRITE)
+ADMIN = TokenAuth(Scope.ADMIN)
+
+
+def token_or_staff(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """For the OpenAPI schema and docs: a staff session (a browser) or any valid token."""
+
+    @wraps(view)
+    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if request.method not in ("GET", "HEAD"):
+            return HttpResponseNotAllowed(["GET", "HEAD"])
+        user = getattr(request, "user", None)
+        if user is not None and user.is_active and user.is_staff:
+            return view(request, *args, **kwargs)
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() == "bearer" and find_active_token(token.strip()) is not None:
+            return view(request, *args, **kwargs)
+        response = JsonResponse(
+            body(
+                "unauthorized",
+                "log in as a staff user (/admin/) or send Authorization: Bearer <token>",
+            ),
+            status=401,
+        )
+        response["WWW-Authenticate"] = "Bearer"
+        return response
+
+    return guarded

@@ -1,0 +1,180 @@
+"""``/api/v1/tasks`` and ``/api/v1/dead-letter``: create, list, show, edit, cancel, revive."""
+
+from __future__ import annotations
+
+from typing import Annotated
+from uuid import UUID
+
+from django.db import transaction
+from django.http import HttpRequest
+from ninja import Body, Query, Router, Status
+from pydantic import Field
+
+from task_queue import operations
+from task_queue.models import REVIVABLE_STATUSES, Task
+
+from ..auth import ADMIN, READ, WRITE
+from ..errors import ERROR_RESPONSES, ApiError
+from ..listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, filter_tasks, page
+from ..openapi import links
+from ..schemas import (
+    BulkReviveOut,
+    BulkReviveRequest,
+    CancelOut,
+    ReviveRequest,
+    TaskBatchOut,
+    TaskCreate,
+    TaskCreateBody,
+    TaskDetailOut,
+    TaskFilters,
+    TaskOut,
+    TaskPage,
+    TaskUpdate,
+)
+
+router = Router(tags=["tasks"])
+
+
+TASK_LINKS = {
+    "GetTask": "get_task",
+    "UpdateTask": "update_task",
+    "CancelTask": "cancel_task",
+    "ReviveTask": "revive_task",
+}
+
+Limit = Annotated[int, Field(ge=1, le=MAX_PAGE_SIZE)]
+# How many tasks one statement revives at a time in a bulk revive.
+REVIVE_CHUNK = 1000
+
+
+def _spec(task: TaskCreate) -> operations.TaskSpec:
+    return operations.TaskSpec(**task.model_dump())
+
+
+def _task(task_id: UUID) -> Task:
+    task = Task.objects.filter(id=task_id).first()
+    if task is None:
+        raise ApiError.not_found("task")
+    return task
+
+
+@router.post(
+    "/tasks",
+    auth=WRITE,
+    response={200: TaskOut | TaskBatchOut, 201: TaskOut | TaskBatchOut, **ERROR_RESPONSES},
+    summary="Create a task, or up to 1,000 in one transaction",
+    openapi_extra=links("task_id", TASK_LINKS),
+)
+def create_tasks(request: HttpRequest, body: Body[TaskCreateBody]):
+    """A single task answers 201 with the task, or 200 with the existing task when its
+    idempotency key was used before by the same request. A list answers with every
+    task in order, 201 if any is new; all are created or none."""
+    if isinstance(body, list):
+        results = operations.enqueue_many([_spec(t) for t in body], prefix="")
+        tasks = Task.objects.in_bulk([r.id for r in results])
+        created = sum(r.created for r in results)
+        items = [tasks[r.id] for r in results]
+        return Status(201 if created else 200, {"items": items, "created": created})
+    result = operations.enqueue_many([_spec(body)], indexed=False)[0]
+    return Status(201 if result.created else 200, _task(result.id))
+
+
+@router.get("/tasks", auth=READ, response={200: TaskPage, **ERROR_RESPONSES})
+def list_tasks(
+    request: HttpRequest,
+    filters: Query[TaskFilters],
+    cursor: str | None = None,
+    limit: Limit = DEFAULT_PAGE_SIZE,
+):
+    """Newest first. Follow ``next_cursor`` for the next page."""
+    items, next_cursor = page(filter_tasks(Task.objects.all(), filters), cursor=cursor, limit=limit)
+    return {"items": items, "next_cursor": next_cursor}
+
+
+@router.get("/dead-letter", auth=READ, response={200: TaskPage, **ERROR_RESPONSES})
+def dead_letter(
+    request: HttpRequest,
+    filters: Query[TaskFilters],
+    cursor: str | None = None,
+    limit: Limit = DEFAULT_PAGE_SIZE,
+):
+    """Dead (attempts exhausted) and failed (non-retryable) tasks, newest first."""
+    tasks = Task.objects.filter(status__in=REVIVABLE_STATUSES)
+    items, next_cursor = page(filter_tasks(tasks, filters), cursor=cursor, limit=limit)
+    return {"items": items, "next_cursor": next_cursor}
+
+
+# Declared before /tasks/{task_id}: Django takes the first pattern that matches.
+@router.post("/tasks/revive", auth=ADMIN, response={200: BulkReviveOut, **ERROR_RESPONSES})
+def revive_many(request: HttpRequest, body: BulkReviveRequest):
+    """Revive dead and failed tasks by ``ids``, or every one that ``filters`` match."""
+    if (body.ids is None) == (body.filters is None):
+        raise ApiError(
+            422,
+            "validation_error",
+            "give ids or filters, not both",
+            field_errors=[("ids", "give ids or filters, not both")],
+        )
+    if body.ids is not None:
+        ids = body.ids
+    else:
+        revivable = Task.objects.filter(status__in=REVIVABLE_STATUSES)
+        ids = list(filter_tasks(revivable, body.filters).values_list("id", flat=True))
+    revived = 0
+    with transaction.atomic():
+        for start in range(0, len(ids), REVIVE_CHUNK):
+            chunk = ids[start : start + REVIVE_CHUNK]
+            revived += len(operations.revive(chunk, actor=request.auth.actor))
+    return {"revived": revived}
+
+
+@router.get("/tasks/{task_id}", auth=READ, response={200: TaskDetailOut, **ERROR_RESPONSES})
+def get_task(request: HttpRequest, task_id: UUID):
+    """The task with its history: every attempt, its error and traceback, its worker,
+    and every operator action."""
+    return _task(task_id)
+
+
+@router.patch("/tasks/{task_id}", auth=WRITE, response={200: TaskOut, **ERROR_RESPONSES})
+def update_task(request: HttpRequest, task_id: UUID, body: TaskUpdate):
+    """Change priority, payload or ``available_at`` of a pending task; 409 otherwise."""
+    changes = body.model_dump(exclude_unset=True)
+    if not changes or any(value is None for value in changes.values()):
+        raise ApiError(
+            422,
+            "validation_error",
+            "give at least one of priority, payload, available_at (not null)",
+            field_errors=[(name, "must not be null") for name, v in changes.items() if v is None]
+            or [("body", "give at least one of priority, payload, available_at")],
+        )
+    try:
+        operations.update_pending(task_id, actor=request.auth.actor, **changes)
+    except operations.TaskNotFound:
+        raise ApiError.not_found("task") from None
+    except operations.TaskNotPending as error:
+        raise ApiError.wrong_status("task", error.status, "change it: only pending tasks") from None
+    return _task(task_id)
+
+
+@router.post("/tasks/{task_id}/cancel", auth=WRITE, response={200: CancelOut, **ERROR_RESPONSES})
+def cancel_task(request: HttpRequest, task_id: UUID):
+    """A pending or leased task is cancelled at once; a running one is asked to stop
+    and its worker cancels it at its next heartbeat."""
+    outcome = operations.cancel([task_id], actor=request.auth.actor).get(task_id)
+    task = _task(task_id)
+    if outcome is None:
+        state = "cancel requested" if task.cancel_requested_at else task.status
+        raise ApiError.wrong_status("task", state, "cancel it")
+    return {"id": task_id, "outcome": outcome, "task": task}
+
+
+@router.post("/tasks/{task_id}/revive", auth=WRITE, response={200: TaskOut, **ERROR_RESPONSES})
+def revive_task(request: HttpRequest, task_id: UUID, body: ReviveRequest | None = None):
+    """A dead or failed task back to pending with fresh attempts, optionally with an
+    edited payload."""
+    payload = body.payload if body is not None else None
+    revived = operations.revive([task_id], actor=request.auth.actor, payload=payload)
+    task = _task(task_id)
+    if not revived:
+        raise ApiError.wrong_status("task", task.status, "revive it: only dead or failed tasks")
+    return task

@@ -1,0 +1,177 @@
+"""``/api/v1/workflows``: create a workflow with its first tasks, follow it, cancel it."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import transaction
+from django.http import HttpRequest
+from django.utils import timezone
+from ninja import Router, Status
+from pydantic import Field
+
+from task_queue import operations
+from task_queue.models import Task, TaskStatus
+from task_queue.storable import json_has_nul
+from workflows.models import Workflow
+from workflows.progress import progress_of, status_of, with_status
+
+from ..auth import READ, WRITE
+from ..errors import ERROR_RESPONSES, ApiError
+from ..listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, page
+from ..openapi import links
+from ..schemas import (
+    WorkflowCancelOut,
+    WorkflowCreate,
+    WorkflowCreatedOut,
+    WorkflowOut,
+    WorkflowPage,
+    WorkflowStatusName,
+    WorkflowUpdate,
+)
+
+router = Router(tags=["workflows"])
+
+Limit = Annotated[int, Field(ge=1, le=MAX_PAGE_SIZE)]
+
+
+def _out(workflows: list[Workflow]) -> list[dict[str, Any]]:
+    progress = progress_of(w.id for w in workflows)
+    return [
+        {
+            "id": w.id,
+            "name": w.name,
+            "status": status_of(w, progress[w.id]),
+            "open": w.open,
+            "metadata": w.metadata,
+            "trace_id": w.trace_id,
+            "progress": progress[w.id].counts,
+            "total_tasks": progress[w.id].total,
+            "cancelled_at": w.cancelled_at,
+            "created_at": w.created_at,
+            "updated_at": w.updated_at,
+        }
+        for w in workflows
+    ]
+
+
+def _workflow(workflow_id: UUID, *, for_update: bool = False) -> Workflow:
+    workflows = Workflow.objects.select_for_update() if for_update else Workflow.objects
+    workflow = workflows.filter(id=workflow_id).first()
+    if workflow is None:
+        raise ApiError.not_found("workflow")
+    return workflow
+
+
+def _check_metadata(metadata: dict[str, Any]) -> None:
+    text = json.dumps(metadata, allow_nan=False) if metadata else "{}"
+    if json_has_nul(text):
+        raise ApiError.invalid(
+            "metadata", "contains a NUL character, which PostgreSQL cannot store"
+        )
+    if len(text.encode()) > settings.QUEUE_MAX_PAYLOAD_BYTES:
+        raise ApiError(
+            413,
+            "payload_too_large",
+            f"metadata: over the limit of {settings.QUEUE_MAX_PAYLOAD_BYTES} bytes as JSON",
+            field_errors=[("metadata", "is too large")],
+        )
+
+
+@router.post(
+    "/workflows",
+    auth=WRITE,
+    response={201: WorkflowCreatedOut, **ERROR_RESPONSES},
+    openapi_extra=links(
+        "workflow_id",
+        {
+            "GetWorkflow": "get_workflow",
+            "UpdateWorkflow": "update_workflow",
+            "CancelWorkflow": "cancel_workflow",
+        },
+    ),
+)
+def create_workflow(request: HttpRequest, body: WorkflowCreate):
+    """The workflow and its first tasks, in one transaction: all or nothing."""
+    _check_metadata(body.metadata)
+    with transaction.atomic():
+        workflow = Workflow.objects.create(
+            name=body.name, metadata=body.metadata, open=body.open, trace_id=body.trace_id
+        )
+        specs = [
+            operations.TaskSpec(**task.model_dump(), workflow_id=workflow.id) for task in body.tasks
+        ]
+        for spec in specs:
+            spec.trace_id = spec.trace_id or body.trace_id
+        results = operations.enqueue_many(specs, prefix="tasks")
+    workflow.refresh_from_db()
+    return Status(201, {**_out([workflow])[0], "task_ids": [r.id for r in results]})
+
+
+@router.get("/workflows", auth=READ, response={200: WorkflowPage, **ERROR_RESPONSES})
+def list_workflows(
+    request: HttpRequest,
+    status: WorkflowStatusName | None = None,
+    open: bool | None = None,
+    cursor: str | None = None,
+    limit: Limit = DEFAULT_PAGE_SIZE,
+):
+    """Newest first, with each workflow's status and task counts."""
+    workflows = Workflow.objects.all()
+    if status is not None:
+        workflows = with_status(workflows, status)
+    if open is not None:
+        workflows = workflows.filter(open=open)
+    items, next_cursor = page(workflows, cursor=cursor, limit=limit)
+    return {"items": _out(items), "next_cursor": next_cursor}
+
+
+@router.get("/workflows/{workflow_id}", auth=READ, response={200: WorkflowOut, **ERROR_RESPONSES})
+def get_workflow(request: HttpRequest, workflow_id: UUID):
+    return _out([_workflow(workflow_id)])[0]
+
+
+@router.patch(
+    "/workflows/{workflow_id}", auth=WRITE, response={200: WorkflowOut, **ERROR_RESPONSES}
+)
+def update_workflow(request: HttpRequest, workflow_id: UUID, body: WorkflowUpdate):
+    """Rename it, replace its metadata, or close it (``open: false``) once no more
+    tasks will be added, so it completes when its tasks do."""
+    changes = {k: v for k, v in body.model_dump(exclude_unset=True).items() if v is not None}
+    if "metadata" in changes:
+        _check_metadata(changes["metadata"])
+    with transaction.atomic():
+        workflow = _workflow(workflow_id, for_update=True)
+        if workflow.cancelled_at is not None:
+            raise ApiError.wrong_status("workflow", "cancelled", "change it")
+        for name, value in changes.items():
+            setattr(workflow, name, value)
+        if changes:
+            workflow.updated_at = timezone.now()
+            workflow.save(update_fields=[*changes, "updated_at"])
+    return _out([workflow])[0]
+
+
+@router.post(
+    "/workflows/{workflow_id}/cancel",
+    auth=WRITE,
+    response={200: WorkflowCancelOut, **ERROR_RESPONSES},
+)
+def cancel_workflow(request: HttpRequest, workflow_id: UUID):
+    """Cancel its tasks that have not started (pending or leased); running ones finish.
+    No task can be added to it afterwards."""
+    with transaction.atomic():
+        workflow = _workflow(workflow_id, for_update=True)
+        if workflow.cancelled_at is not None:
+            raise ApiError.wrong_status("workflow", "cancelled", "cancel it again")
+        workflow.cancelled_at = workflow.updated_at = timezone.now()
+        workflow.open = False
+        workflow.save(update_fields=["cancelled_at", "updated_at", "open"])
+        waiting = Task.objects.filter(
+            workflow_id=workflow_id, status__in=[TaskStatus.PENDING, TaskStatus.LEASED]
+        ).values_list("id", flat=True)
+        cancelled = operations.cancel(list(waiting), actor=request.auth.actor)
+    return {"cancelled_tasks": len(cancelled), "workflow": _out([workflow])[0]}

@@ -1,0 +1,310 @@
+"""The shapes of the API's requests and answers, as the OpenAPI schema shows them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from ninja import Schema
+from pydantic import AfterValidator, AwareDatetime, ConfigDict, Discriminator, Field, Tag
+from pydantic import StrictInt as Int
+
+from task_queue.models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN, Priority
+from task_queue.operations import MAX_DELAY_SECONDS, MAX_KEY_LENGTH
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL character")
+    return value
+
+
+def _in_utc(value: datetime) -> datetime:
+    """Stored in UTC: PostgreSQL refuses offsets beyond ±15:59, which ISO 8601 allows."""
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("is out of range") from None
+
+
+Moment = Annotated[AwareDatetime, AfterValidator(_in_utc)]
+Text = Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH), AfterValidator(_no_nul)]
+SearchText = Annotated[str, Field(max_length=1000), AfterValidator(_no_nul)]
+TaskStatusName = Literal["pending", "leased", "running", "completed", "failed", "dead", "cancelled"]
+WorkflowStatusName = Literal["pending", "running", "completed", "needs_attention", "cancelled"]
+Seconds = Annotated[float, Field(ge=0, le=MAX_DELAY_SECONDS, allow_inf_nan=False)]
+PriorityValue = Annotated[Int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)]
+
+
+class StrictSchema(Schema):
+    """A request body: an unknown field is an error (a typo must not pass silently)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# ------------------------------------------------------------------ tasks
+
+
+EXAMPLE_TASK = {
+    "agent_name": "FitmentAgent",
+    "task_type": "generate_fitment",
+    "payload": {
+        "part": {
+            "sku": "RTR-305F",
+            "category": "brake_rotor",
+            "attributes": {"diameter_mm": 305, "position": "front"},
+        }
+    },
+    "priority": 0,
+    "max_attempts": 3,
+}
+
+
+class NewTask(StrictSchema):
+    """``createTask`` of spec 001 §9, without the workflow (a workflow's own tasks)."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [EXAMPLE_TASK]})
+
+    agent_name: Text
+    task_type: Text
+    payload: dict[str, Any] = {}
+    priority: PriorityValue = Priority.MEDIUM
+    max_attempts: Annotated[Int, Field(ge=1, le=MAX_ATTEMPTS_LIMIT)] | None = Field(
+        None, description="Defaults to the agent's own setting."
+    )
+    available_at: Moment | None = Field(None, description="Not before this time.")
+    delay_seconds: (
+        Annotated[float, Field(ge=0, le=MAX_DELAY_SECONDS, allow_inf_nan=False)] | None
+    ) = Field(None, description="Not before this many seconds from now.")
+    idempotency_key: Text | None = Field(
+        None,
+        description="The same key again returns the existing task (200 instead of 201); "
+        "with a different request it is refused (409).",
+    )
+    trace_id: Text | None = None
+
+
+class TaskCreate(NewTask):
+    workflow_id: UUID | None = None
+
+
+def _one_or_many(value: Any) -> str:
+    return "many" if isinstance(value, list) else "one"
+
+
+TaskCreateBody = Annotated[
+    Annotated[TaskCreate, Tag("one")]
+    | Annotated[list[TaskCreate], Tag("many"), Field(min_length=1, max_length=1000)],
+    Discriminator(_one_or_many),
+]
+
+
+class TaskOut(Schema):
+    id: UUID
+    workflow_id: UUID | None
+    agent_name: str
+    task_type: str
+    payload: dict[str, Any]
+    priority: int
+    status: TaskStatusName
+    attempts: int
+    max_attempts: int
+    available_at: datetime
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    cancel_requested_at: datetime | None
+    error_info: dict[str, Any] | None
+    result: Any = None
+    idempotency_key: str | None
+    trace_id: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class TaskBatchOut(Schema):
+    items: list[TaskOut]
+    created: int = Field(description="How many are new; the others existed (idempotency keys).")
+
+
+class HistoryOut(Schema):
+    event: str
+    from_status: str
+    to_status: str
+    attempt: int
+    actor: str | None = Field(description='A worker ("host:pid"), "reaper", or who acted.')
+    lease_token: UUID | None
+    started_at: datetime | None
+    occurred_at: datetime
+    error: dict[str, Any] | None = Field(description="type, message, traceback, retryable")
+    detail: dict[str, Any] | None
+
+
+class TaskDetailOut(TaskOut):
+    history: list[HistoryOut]
+
+    @staticmethod
+    def resolve_history(task: Any) -> list[Any]:
+        return list(task.history.all())
+
+
+class TaskPage(Schema):
+    items: list[TaskOut]
+    next_cursor: str | None = Field(
+        description="Pass as ?cursor= for the next page; null at the end."
+    )
+
+
+class TaskUpdate(StrictSchema):
+    priority: PriorityValue | None = None
+    payload: dict[str, Any] | None = None
+    available_at: Moment | None = None
+
+
+class ReviveRequest(StrictSchema):
+    payload: dict[str, Any] | None = Field(
+        None, description="Replaces the task's payload before it runs again."
+    )
+
+
+class TaskFilters(Schema):
+    """The filters of ``GET /tasks``, ``GET /dead-letter`` and bulk revive."""
+
+    status: list[TaskStatusName] | None = None
+    agent_name: Text | None = None
+    task_type: Text | None = None
+    workflow_id: UUID | None = None
+    priority: Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)] | None = None
+    created_after: Moment | None = None
+    created_before: Moment | None = None
+    updated_after: Moment | None = None
+    updated_before: Moment | None = None
+    q: SearchText | None = Field(None, description="Text that the payload contains (any case).")
+
+
+class StrictTaskFilters(TaskFilters, StrictSchema):
+    pass
+
+
+class BulkReviveRequest(StrictSchema):
+    """Either ``ids`` or ``filters`` (the filters of ``GET /tasks``), not both."""
+
+    ids: Annotated[list[UUID], Field(min_length=1, max_length=10000)] | None = None
+    filters: StrictTaskFilters | None = None
+
+
+class BulkReviveOut(Schema):
+    revived: int
+
+
+class CancelOut(Schema):
+    id: UUID
+    outcome: Literal["cancelled", "cancel_requested"] = Field(
+        description="cancelled at once, or (running) asked to stop at its next heartbeat"
+    )
+    task: TaskOut
+
+
+# ------------------------------------------------------------------ workflows
+
+
+class WorkflowCreate(StrictSchema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"name": "onboard Acme", "open": False, "tasks": [EXAMPLE_TASK]}]
+        }
+    )
+
+    name: Text
+    metadata: dict[str, Any] = {}
+    open: bool = Field(
+        False,
+        description="True while more tasks will be added: an open workflow is not "
+        "completed even if all its tasks are.",
+    )
+    trace_id: Text | None = None
+    tasks: Annotated[list[NewTask], Field(max_length=1000)] = []
+
+
+class WorkflowUpdate(StrictSchema):
+    name: Text | None = None
+    metadata: dict[str, Any] | None = None
+    open: bool | None = None
+
+
+class WorkflowOut(Schema):
+    id: UUID
+    name: str
+    status: WorkflowStatusName
+    open: bool
+    metadata: dict[str, Any]
+    trace_id: str | None
+    progress: dict[TaskStatusName, int] = Field(description="Task counts by status.")
+    total_tasks: int
+    cancelled_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class WorkflowCreatedOut(WorkflowOut):
+    task_ids: list[UUID]
+
+
+class WorkflowPage(Schema):
+    items: list[WorkflowOut]
+    next_cursor: str | None
+
+
+class WorkflowCancelOut(Schema):
+    cancelled_tasks: int
+    workflow: WorkflowOut
+
+
+# ------------------------------------------------------------------ agents, workers, metrics
+
+
+class AgentOut(Schema):
+    name: str
+    task_types: list[str]
+    description: str
+    base_delay: float
+    max_attempts: int
+    timeout: float
+    retryable_errors: list[str]
+    counts: dict[TaskStatusName, int]
+
+
+class WorkerOut(Schema):
+    worker_id: str
+    hostname: str
+    pid: int
+    agents: list[str]
+    concurrency: int
+    in_flight: int
+    started_at: datetime
+    last_heartbeat_at: datetime
+    heartbeat_age_seconds: float
+    stale: bool = Field(description="No heartbeat for longer than a lease.")
+
+
+class Percentiles(Schema):
+    p50: float
+    p95: float
+    p99: float
+
+
+class AgentMetrics(Schema):
+    counts: dict[TaskStatusName, int]
+    completed: dict[Literal["1m", "5m", "15m"], int]
+    failed: dict[Literal["1m", "5m", "15m"], int] = Field(description="failed or dead")
+    queue_wait_seconds: Percentiles | None = Field(description="due → started, last 15 min")
+    run_seconds: Percentiles | None = Field(description="started → finished, last 15 min")
+
+
+class MetricsOut(Schema):
+    generated_at: datetime
+    totals: dict[TaskStatusName, int]
+    oldest_pending_age_seconds: float | None
+    agents: dict[str, AgentMetrics]

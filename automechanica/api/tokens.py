@@ -1,0 +1,44 @@
+"""Creating and checking API tokens."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import timedelta
+
+from django.utils import timezone
+
+from .models import ApiToken, Scope
+
+TOKEN_PREFIX = "am_"
+# last_used_at is written at most this often per token, not on every request.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create_token(name: str, scope: str) -> tuple[ApiToken, str]:
+    """A new token for ``name``; returns the row and the token, which is not stored."""
+    if not name.strip():
+        raise ValueError("the token needs a name")
+    if scope not in Scope.values:
+        raise ValueError(f"scope must be one of {', '.join(Scope.values)}, not {scope!r}")
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    row = ApiToken.objects.create(
+        name=name.strip(), scope=scope, prefix=token[:10], token_hash=hash_token(token)
+    )
+    return row, token
+
+
+def find_active_token(token: str) -> ApiToken | None:
+    """The unrevoked token row for ``token``, or None."""
+    if not token.startswith(TOKEN_PREFIX) or "\x00" in token:
+        return None
+    row = ApiToken.objects.filter(token_hash=hash_token(token), revoked_at=None).first()
+    if row is not None:
+        now = timezone.now()
+        if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
+            ApiToken.objects.filter(pk=row.pk).update(last_used_at=now)
+    return row

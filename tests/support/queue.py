@@ -1,0 +1,40 @@
+"""Moving tasks through their lifecycle in-process, as a worker would, for API tests."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from uuid import UUID
+
+from task_queue import queries
+
+OWNER = "test-host:1"
+
+
+def _claim(agent: str) -> list[tuple[UUID, UUID]]:
+    tasks = queries.claim_tasks(owner=OWNER, agents=[agent], limit=1000, lease_seconds=30, now=None)
+    held = [(t.id, t.lease_token) for t in tasks]
+    queries.start_tasks(owner=OWNER, held=held, now=None)
+    return held
+
+
+def complete_pending(agent: str, result: Any = None) -> list[UUID]:
+    """Run every due pending task of ``agent`` to completed with ``result``."""
+    held = _claim(agent)
+    done = [(i, token, json.dumps(result or {"ok": True}), "done") for i, token in held]
+    return sorted(queries.complete_tasks(owner=OWNER, done=done, now=None))
+
+
+def fail_pending(agent: str, *, retryable: bool) -> list[tuple[UUID, str, int, Any]]:
+    """Fail the current attempt of every due pending task of ``agent``.
+
+    Retryable: back to pending (or dead once out of attempts); not: failed.
+    """
+    error = {
+        "type": "Boom",
+        "message": "boom",
+        "traceback": "Traceback (most recent call last):\n  ...\nBoom: boom\n",
+        "retryable": retryable,
+    }
+    failures = [(i, token, retryable, 0.0, json.dumps(error)) for i, token in _claim(agent)]
+    return queries.fail_tasks(owner=OWNER, failures=failures, now=None)

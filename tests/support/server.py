@@ -1,0 +1,83 @@
+"""A real daphne server on the test database, for tests that go over HTTP."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+
+class LiveServer:
+    """``daphne automechanica.asgi:application`` on a socket this process opened
+    (``--fd``), so the port is known before the server starts and never races."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, cwd: Path) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "--fd",
+                str(self.sock.fileno()),
+                "automechanica.asgi:application",
+            ],
+            cwd=cwd,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            pass_fds=[self.sock.fileno()],
+        )
+
+    def ready(self) -> bool:
+        """True once the server answers (401: it is up and wants a token)."""
+        if self.process.poll() is not None:
+            raise AssertionError(f"daphne exited:\n{self.log()}")
+        try:
+            urllib.request.urlopen(self.url + "/api/v1/agents", timeout=5)
+        except urllib.error.HTTPError as error:
+            return error.code == 401
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+        return True
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self._log.close()
+        self.sock.close()
+
+
+def http(method: str, url: str, token: str | None, body: Any = None) -> tuple[int, Any]:
+    """One JSON request; (status, decoded body) whatever the status."""
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode() if body is not None else None,
+        method=method,
+        headers={"Content-Type": "application/json"}
+        | ({"Authorization": f"Bearer {token}"} if token else {}),
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())

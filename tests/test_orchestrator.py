@@ -1,0 +1,251 @@
+"""The reference orchestrator: its definitions, and end to end over HTTP with real
+server, worker and orchestrator processes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from task_queue.models import Task, TaskStatus
+from tests.conftest import REPO, manage_env, wait_for
+from tests.support.api import token
+from tests.support.server import http
+from workflows.orchestrator.definitions import DefinitionError, load_all, parse, render
+from workflows.orchestrator.driver import plan
+
+DEFINITIONS = Path(__file__).parent / "support" / "definitions"
+FEED = REPO / "workflows" / "orchestrator" / "examples" / "acme_feed.json"
+AGENTS = ["SupplierNormalizationAgent", "FitmentAgent", "PricingAgent", "SEOAgent", "EchoAgent"]
+
+
+# ------------------------------------------------------------------ definitions
+
+
+def test_render_references_map_and_index():
+    context = {
+        "input": {"supplier": "Acme", "rows": [1, 2]},
+        "steps": {"fit": {"results": [{"v": ["a"]}, {"v": ["b"]}], "result": None}},
+        "item": {"sku": "X"},
+        "index": 1,
+    }
+    template = {
+        "supplier": "$input.supplier",
+        "first": "$input.rows.0",
+        "vehicles": "$steps.fit.results.$index.v",
+        "sku": "$item.sku",
+        "n": "$index",
+        "literal": "$$5",
+        "doubled": {"$map": "$input.rows", "to": {"row": "$item", "at": "$index"}},
+    }
+    assert render(template, context) == {
+        "supplier": "Acme",
+        "first": 1,
+        "vehicles": ["b"],
+        "sku": "X",
+        "n": 1,
+        "literal": "$5",
+        "doubled": [{"row": 1, "at": 0}, {"row": 2, "at": 1}],
+    }
+    with pytest.raises(DefinitionError, match=r"\$input.nope: nothing at 'nope'"):
+        render("$input.nope", context)
+
+
+def test_definitions_are_checked():
+    step = {"name": "a", "agent_name": "EchoAgent", "task_type": "echo"}
+    with pytest.raises(DefinitionError, match="not listed before it"):
+        parse({"name": "d", "steps": [{**step, "depends_on": ["b"]}]})
+    with pytest.raises(DefinitionError, match="unknown keys"):
+        parse({"name": "d", "steps": [{**step, "retries": 3}]})
+    with pytest.raises(DefinitionError, match="unique"):
+        parse({"name": "d", "steps": [step, step]})
+    assert set(load_all(DEFINITIONS)) == {"supplier_onboarding", "flaky_onboarding"}
+
+
+def test_plan_enqueues_each_step_once_its_dependencies_complete():
+    definition = load_all()["supplier_onboarding"]
+    feed = json.loads(FEED.read_text())
+    first = plan(definition, "r", feed, [])
+    assert [t["idempotency_key"] for t in first.new_tasks] == ["wf:r:normalize"]
+    assert not first.complete
+
+    records = [
+        {
+            "sku": s,
+            "category": "wheel",
+            "attributes": {},
+            "price_cents": 100,
+            "brand": "B",
+            "description": "D",
+        }
+        for s in ("A", "B")
+    ]
+    normalize = {
+        "idempotency_key": "wf:r:normalize",
+        "status": "completed",
+        "result": {"records": records},
+    }
+    second = plan(definition, "r", feed, [normalize])
+    assert [t["idempotency_key"] for t in second.new_tasks] == ["wf:r:fitment:0", "wf:r:fitment:1"]
+    assert second.new_tasks[1]["payload"]["part"]["sku"] == "B"
+
+    fitment = [
+        {"idempotency_key": f"wf:r:fitment:{i}", "status": "completed", "result": {"vehicles": [i]}}
+        for i in range(2)
+    ]
+    pending = plan(definition, "r", feed, [normalize, {**fitment[0], "status": "running"}])
+    assert [t["idempotency_key"] for t in pending.new_tasks] == ["wf:r:fitment:1"]
+    third = plan(definition, "r", feed, [normalize, *fitment])
+    (pricing,) = third.new_tasks
+    assert pricing["payload"]["items"] == [
+        {"sku": "A", "cost_cents": 100, "category": "wheel"},
+        {"sku": "B", "cost_cents": 100, "category": "wheel"},
+    ]
+    done = {"idempotency_key": "wf:r:pricing", "status": "completed", "result": {}}
+    fourth = plan(definition, "r", feed, [normalize, *fitment, done])
+    assert [t["payload"]["product"]["fitment"] for t in fourth.new_tasks] == [[0], [1]]
+    assert fourth.complete
+
+
+# ------------------------------------------------------------------ end to end
+
+
+def orchestrator(server_url: str, secret: str, log: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "manage.py",
+            "runorchestrator",
+            "--api",
+            server_url,
+            "--token",
+            secret,
+            "--definitions",
+            str(DEFINITIONS),
+            "--poll",
+            "0.2",
+            *args,
+        ],
+        cwd=REPO,
+        env=manage_env(),
+        stdout=subprocess.PIPE,
+        stderr=log.open("wb"),
+        text=True,
+    )
+
+
+def workflow_id(process: subprocess.Popen) -> str:
+    return process.stdout.readline().strip()
+
+
+def tasks_of(workflow: str, key_part: str = "") -> list[Task]:
+    return list(Task.objects.filter(workflow_id=workflow, idempotency_key__contains=key_part))
+
+
+@pytest.mark.slow
+def test_supplier_onboarding_runs_to_completion_across_an_orchestrator_crash(
+    live_servers, worker_processes, tmp_path
+):
+    server = live_servers()
+    secret = token("write")
+    first = orchestrator(
+        server.url,
+        secret,
+        tmp_path / "orchestrator-1.log",
+        "--start",
+        "supplier_onboarding",
+        "--input",
+        f"@{FEED}",
+    )
+    workflow = workflow_id(first)
+    assert workflow, (tmp_path / "orchestrator-1.log").read_text()
+    worker_processes("SupplierNormalizationAgent").wait_ready()
+    # Normalisation done, the three fitment tasks enqueued, none run (no worker yet):
+    # the orchestrator dies here, mid-workflow.
+    wait_for(lambda: len(tasks_of(workflow, ":fitment:")) == 3, what="fitment tasks")
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+
+    second = orchestrator(server.url, secret, tmp_path / "orchestrator-2.log")
+    try:
+        worker_processes(*AGENTS[1:]).wait_ready()
+        wait_for(
+            lambda: (
+                http("GET", f"{server.url}/api/v1/workflows/{workflow}", secret)[1]["status"]
+                == "completed"
+            ),
+            timeout=90,
+            what="the workflow to complete",
+        )
+    finally:
+        second.terminate()
+        second.wait(10)
+
+    tasks = tasks_of(workflow)
+    keys = sorted(t.idempotency_key.split(":", 2)[2] for t in tasks)
+    assert keys == [
+        "fitment:0",
+        "fitment:1",
+        "fitment:2",
+        "normalize",
+        "pricing",
+        "seo:0",
+        "seo:1",
+        "seo:2",
+    ]
+    assert {t.status for t in tasks} == {TaskStatus.COMPLETED}
+    # Each step got the outputs of the steps before it.
+    seo = {t.result["sku"]: t for t in tasks if ":seo:" in t.idempotency_key}
+    fitment = {t.result["sku"]: t.result for t in tasks if ":fitment:" in t.idempotency_key}
+    assert seo["RTR-305F"].payload["product"]["fitment"] == fitment["RTR-305F"]["vehicles"]
+    assert fitment["RTR-305F"]["count"] > 0
+    (pricing,) = [t for t in tasks if t.idempotency_key.endswith(":pricing")]
+    assert [i["sku"] for i in pricing.payload["items"]] == ["RTR-305F", "PAD-305F", "WHL-17"]
+    assert pricing.payload["items"][0]["cost_cents"] == 3000
+
+
+@pytest.mark.slow
+def test_an_injected_failure_ends_needs_attention_until_revived(
+    live_servers, worker_processes, tmp_path
+):
+    server = live_servers()
+    secret = token("write")
+    feed = {**json.loads(FEED.read_text()), "enrich_failure": "transient"}
+    (tmp_path / "feed.json").write_text(json.dumps(feed))
+    process = orchestrator(
+        server.url,
+        secret,
+        tmp_path / "orchestrator.log",
+        "--start",
+        "flaky_onboarding",
+        "--input",
+        f"@{tmp_path / 'feed.json'}",
+    )
+    try:
+        workflow = workflow_id(process)
+        worker_processes(*AGENTS).wait_ready()
+
+        def status() -> str:
+            return http("GET", f"{server.url}/api/v1/workflows/{workflow}", secret)[1]["status"]
+
+        wait_for(lambda: status() == "needs_attention", timeout=60, what="needs_attention")
+        (dead,) = tasks_of(workflow, ":enrich")
+        assert dead.status == TaskStatus.DEAD and dead.error_info["type"] == "TransientEchoError"
+        assert tasks_of(workflow, ":publish") == []
+
+        # Revived with the failure edited out, it completes and the workflow goes on.
+        fixed = {**dead.payload, "fail": None}
+        revived = http(
+            "POST", f"{server.url}/api/v1/tasks/{dead.id}/revive", secret, {"payload": fixed}
+        )
+        assert revived[0] == 200
+        wait_for(lambda: status() == "completed", timeout=60, what="completed after revive")
+        (publish,) = tasks_of(workflow, ":publish")
+        assert publish.result["published"] == {"in": 3, "out": 3, "rejected": 0}
+    finally:
+        process.terminate()
+        process.wait(10)

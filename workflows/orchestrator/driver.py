@@ -1,0 +1,155 @@
+"""Drives workflows: enqueues each step once the steps it depends on have completed.
+
+Stateless: everything it needs is in the API. A workflow it started carries its
+definition, input and a run id in ``metadata["orchestrator"]``; each task's
+idempotency key (``wf:<run id>:<step>`` or ``wf:<run id>:<step>:<item index>``)
+says which step it belongs to. Killed and restarted, it reads the open workflows and
+their tasks and carries on; a task it already created is answered with the
+existing one, never created twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .client import ApiClient, ApiError
+from .definitions import Definition, DefinitionError, Step, parse, render
+
+log = logging.getLogger(__name__)
+
+# The API's largest batch of tasks in one request.
+BATCH = 1000
+
+
+def task_key(run_id: str, step: Step, index: int | None) -> str:
+    return f"wf:{run_id}:{step.name}" + (f":{index}" if index is not None else "")
+
+
+@dataclass
+class Plan:
+    """What a workflow needs next, given the tasks it has."""
+
+    new_tasks: list[dict[str, Any]] = field(default_factory=list)
+    # Every step has all its tasks (the workflow can be closed).
+    complete: bool = True
+    # Steps that cannot go on: one of their tasks is dead, failed or cancelled.
+    stuck: list[str] = field(default_factory=list)
+
+
+def plan(
+    definition: Definition, run_id: str, workflow_input: Any, tasks: Iterable[dict[str, Any]]
+) -> Plan:
+    """The tasks to create now: those of every step whose dependencies have completed."""
+    by_key = {t["idempotency_key"]: t for t in tasks if t.get("idempotency_key")}
+    context: dict[str, Any] = {"input": workflow_input, "steps": {}}
+    done: dict[str, bool] = {}
+    result = Plan()
+    for step in definition.steps:
+        if not all(done[d] for d in step.depends_on):
+            done[step.name] = False
+            result.complete = False
+            continue
+        if step.for_each is not None:
+            items = render(step.for_each, context)
+            if not isinstance(items, list):
+                raise DefinitionError(f"step {step.name}: for_each {step.for_each} is not a list")
+            indexed: list[tuple[int | None, Any]] = list(enumerate(items))
+        else:
+            indexed = [(None, None)]
+        existing = []
+        for index, item in indexed:
+            key = task_key(run_id, step, index)
+            task = by_key.get(key)
+            existing.append(task)
+            if task is None:
+                scope = {**context, "item": item, "index": index}
+                result.new_tasks.append(_new_task(step, key, render(step.payload, scope)))
+        statuses = [t["status"] if t else None for t in existing]
+        if any(s in ("dead", "failed", "cancelled") for s in statuses):
+            result.stuck.append(step.name)
+        done[step.name] = all(s == "completed" for s in statuses)
+        if done[step.name]:
+            results = [t["result"] for t in existing]
+            context["steps"][step.name] = {
+                "results": results,
+                "result": results[0] if step.for_each is None else None,
+            }
+    return result
+
+
+def _new_task(step: Step, key: str, payload: Any) -> dict[str, Any]:
+    task = {
+        "agent_name": step.agent_name,
+        "task_type": step.task_type,
+        "payload": payload,
+        "idempotency_key": key,
+    }
+    if step.priority is not None:
+        task["priority"] = step.priority
+    if step.max_attempts is not None:
+        task["max_attempts"] = step.max_attempts
+    return task
+
+
+class Orchestrator:
+    def __init__(self, client: ApiClient) -> None:
+        self.client = client
+
+    def start(self, definition: Definition, workflow_input: Any, *, name: str = "") -> str:
+        """Create a workflow running ``definition`` with its first steps' tasks."""
+        run_id = uuid.uuid4().hex
+        first = plan(definition, run_id, workflow_input, [])
+        workflow = self.client.post(
+            "/api/v1/workflows",
+            {
+                "name": name or definition.name,
+                "open": not first.complete,
+                "metadata": {
+                    "orchestrator": {
+                        "definition": definition.as_json(),
+                        "input": workflow_input,
+                        "run_id": run_id,
+                    }
+                },
+                "tasks": first.new_tasks[:BATCH],
+            },
+        )
+        log.info("started workflow %s (%s)", workflow["id"], definition.name)
+        return workflow["id"]
+
+    def run_once(self) -> int:
+        """One pass over every open workflow this orchestrator drives; returns how many
+        tasks it created."""
+        created = 0
+        for workflow in self.client.pages("/api/v1/workflows", open="true"):
+            state = (workflow.get("metadata") or {}).get("orchestrator")
+            if not isinstance(state, dict):
+                continue  # a workflow someone else drives
+            try:
+                created += self.drive(workflow, state)
+            except (ApiError, DefinitionError) as error:
+                log.error("workflow %s: %s", workflow["id"], error)
+        return created
+
+    def drive(self, workflow: dict[str, Any], state: dict[str, Any]) -> int:
+        definition = parse(state["definition"])
+        tasks = list(self.client.pages("/api/v1/tasks", workflow_id=workflow["id"]))
+        next_step = plan(definition, state["run_id"], state["input"], tasks)
+        for start in range(0, len(next_step.new_tasks), BATCH):
+            batch = [
+                {**task, "workflow_id": workflow["id"], "trace_id": workflow["trace_id"]}
+                for task in next_step.new_tasks[start : start + BATCH]
+            ]
+            self.client.post("/api/v1/tasks", batch)
+        if next_step.new_tasks:
+            log.info("workflow %s: enqueued %d task(s)", workflow["id"], len(next_step.new_tasks))
+        if next_step.stuck:
+            log.warning("workflow %s needs attention: %s", workflow["id"], next_step.stuck)
+        if next_step.complete:
+            self.client.patch(f"/api/v1/workflows/{workflow['id']}", {"open": False})
+            log.info("workflow %s: every step enqueued; closed", workflow["id"])
+        return len(next_step.new_tasks)

@@ -1,0 +1,74 @@
+"""A workflow's progress (its tasks by status) and the status that follows from it.
+
+Spec 001 §9: completed when all its tasks are (and no more are coming: not
+``open``); needs attention while one is dead or failed, and running again once
+revived; cancelled by an operator. Derived on read, so it is never stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from uuid import UUID
+
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+
+from task_queue.models import Task, TaskStatus
+
+from .models import Workflow, WorkflowStatus
+
+ATTENTION = (TaskStatus.DEAD, TaskStatus.FAILED)
+DONE = (TaskStatus.COMPLETED, TaskStatus.CANCELLED)
+
+
+@dataclass(frozen=True)
+class Progress:
+    counts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def progress_of(workflow_ids: Iterable[UUID]) -> dict[UUID, Progress]:
+    """Task counts by status (every status present, zeros included) per workflow."""
+    counts = {wid: dict.fromkeys(TaskStatus.values, 0) for wid in workflow_ids}
+    rows = (
+        Task.objects.filter(workflow_id__in=list(counts))
+        .order_by()
+        .values_list("workflow_id", "status")
+        .annotate(n=Count("id"))
+    )
+    for workflow_id, status, n in rows:
+        counts[workflow_id][status] = n
+    return {wid: Progress(c) for wid, c in counts.items()}
+
+
+def status_of(workflow: Workflow, progress: Progress) -> str:
+    counts = progress.counts
+    if workflow.cancelled_at is not None:
+        return WorkflowStatus.CANCELLED
+    if any(counts[s] for s in ATTENTION):
+        return WorkflowStatus.NEEDS_ATTENTION
+    if progress.total == 0:
+        return WorkflowStatus.PENDING
+    if not workflow.open and all(counts[s] == 0 for s in counts if s not in DONE):
+        return WorkflowStatus.COMPLETED
+    return WorkflowStatus.RUNNING
+
+
+def with_status(workflows: QuerySet, status: str) -> QuerySet:
+    """``workflows`` narrowed to those whose derived status is ``status`` (in SQL)."""
+    tasks = Task.objects.filter(workflow_id=OuterRef("pk"))
+    has_tasks = Exists(tasks)
+    attention = Exists(tasks.filter(status__in=ATTENTION))
+    unfinished = Exists(tasks.exclude(status__in=DONE))
+    live = Q(cancelled_at__isnull=True)
+    conditions = {
+        WorkflowStatus.CANCELLED: ~live,
+        WorkflowStatus.NEEDS_ATTENTION: live & attention,
+        WorkflowStatus.PENDING: live & ~has_tasks,
+        WorkflowStatus.COMPLETED: live & ~attention & has_tasks & Q(open=False) & ~unfinished,
+        WorkflowStatus.RUNNING: live & ~attention & has_tasks & (Q(open=True) | unfinished),
+    }
+    return workflows.filter(conditions[WorkflowStatus(status)])
