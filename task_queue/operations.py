@@ -23,7 +23,7 @@ from agents_app import registry
 
 from . import queries
 from .models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN, Priority
-from .storable import json_has_nul
+from .storable import storable_json, text_problem
 
 
 class InvalidTask(ValueError):
@@ -121,7 +121,12 @@ def enqueue_many(
         _check_workflows(rows, prefix, indexed)
         results = queries.enqueue_tasks(rows)
         for index, (row, result) in enumerate(zip(rows, results, strict=True)):
-            if not result.created and result.existing_fingerprint != row["idempotency_fingerprint"]:
+            # A task keyed before fingerprints were kept (None) matches any request.
+            if (
+                not result.created
+                and result.existing_fingerprint is not None
+                and result.existing_fingerprint != row["idempotency_fingerprint"]
+            ):
                 path = f"{prefix}[{index}].idempotency_key" if indexed else "idempotency_key"
                 raise IdempotencyConflict(row["idempotency_key"], result.id, path)
         queries.notify_agents([row["agent_name"] for row in rows])
@@ -134,7 +139,11 @@ def _check_workflows(rows: list[dict[str, Any]], prefix: str, indexed: bool) -> 
     wanted = {row["workflow_id"] for row in rows if row["workflow_id"]}
     if not wanted:
         return
-    known = dict(Workflow.objects.filter(id__in=wanted).values_list("id", "cancelled_at"))
+    # Locked until the tasks are inserted, so a concurrent workflow cancel (which locks
+    # the row too) either comes first and is seen here, or waits for these tasks and
+    # cancels them with the others.
+    workflows = Workflow.objects.filter(id__in=wanted).select_for_update(no_key=True)
+    known = dict(workflows.values_list("id", "cancelled_at"))
     known = {str(key): cancelled_at for key, cancelled_at in known.items()}
     for index, row in enumerate(rows):
         workflow_id = row["workflow_id"]
@@ -195,9 +204,13 @@ def _validated(spec: TaskSpec, index: int | None, prefix: str) -> dict[str, Any]
     for name in ("idempotency_key", "trace_id"):
         value = getattr(spec, name)
         if value is not None and (
-            not isinstance(value, str) or not 1 <= len(value) <= MAX_KEY_LENGTH or "\x00" in value
+            not isinstance(value, str)
+            or not 1 <= len(value) <= MAX_KEY_LENGTH
+            or text_problem(value)
         ):
-            raise invalid(name, f"must be text of 1 to {MAX_KEY_LENGTH} characters, without NUL")
+            raise invalid(
+                name, f"must be text of 1 to {MAX_KEY_LENGTH} characters that PostgreSQL can store"
+            )
     row = {
         "agent_name": spec.agent_name,
         "task_type": spec.task_type,
@@ -223,11 +236,9 @@ def payload_json(payload: Any, invalid: Callable[..., InvalidTask]) -> str:
     if not isinstance(payload, dict):
         raise invalid("payload", "must be a JSON object")
     try:
-        text = json.dumps(payload, allow_nan=False)
-    except (TypeError, ValueError) as error:
-        raise invalid("payload", f"is not JSON-serialisable: {error}") from None
-    if json_has_nul(text):
-        raise invalid("payload", "contains a NUL character, which PostgreSQL cannot store")
+        text = storable_json(payload)
+    except ValueError as error:
+        raise invalid("payload", str(error)) from None
     size, limit = len(text.encode()), settings.QUEUE_MAX_PAYLOAD_BYTES
     if size > limit:
         raise invalid(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import uuid
+from datetime import timedelta
 
 import pytest
 
@@ -57,6 +59,18 @@ def test_a_bad_task_leaves_no_workflow_behind(api):
     )
     assert unknown.status_code == 422 and field_names(unknown) == ["tasks[1].agent_name"]
     assert Workflow.objects.count() == 0 and Task.objects.count() == 0
+
+
+def test_metadata_postgresql_cannot_store_is_refused(api):
+    nan = api.post("/api/v1/workflows", raw=b'{"name": "w", "metadata": {"x": NaN}}')
+    assert nan.status_code == 400 and nan.json()["code"] == "invalid_json"
+    raw = json.dumps({"name": "w", "metadata": {"x": "\ud800"}}).encode()
+    surrogate = api.post("/api/v1/workflows", raw=raw)
+    assert surrogate.status_code == 422 and field_names(surrogate) == ["metadata"]
+    assert Workflow.objects.count() == 0
+    created = workflow(api)
+    patched = api.call("PATCH", f"/api/v1/workflows/{created['id']}", raw=raw)
+    assert patched.status_code == 422 and field_names(patched) == ["metadata"]
 
 
 def test_status_follows_the_tasks(api):
@@ -186,13 +200,67 @@ def test_metrics(api):
     api.post("/api/v1/tasks", {**ECHO, "max_attempts": 1})
     fail_pending("EchoAgent", retryable=True)
     api.post("/api/v1/tasks", ECHO)
+    # One completion 3 minutes ago, one 10 minutes ago, one 20 (outside every window).
+    completed = list(Task.objects.filter(status=TaskStatus.COMPLETED).order_by("created_at"))
+    for task, minutes in zip(completed, (3, 10, 20), strict=True):
+        Task.objects.filter(id=task.id).update(
+            finished_at=task.finished_at - timedelta(minutes=minutes),
+            started_at=task.finished_at - timedelta(minutes=minutes, seconds=2),
+        )
     metrics = api.get("/api/v1/metrics").json()
     assert metrics["totals"]["completed"] == 3 and metrics["totals"]["dead"] == 1
     echo = metrics["agents"]["EchoAgent"]
     assert echo["counts"]["pending"] == 1
-    assert echo["completed"] == {"1m": 3, "5m": 3, "15m": 3}
+    assert echo["completed"] == {"1m": 0, "5m": 1, "15m": 2}
     assert echo["failed"] == {"1m": 1, "5m": 1, "15m": 1}
     assert set(echo["queue_wait_seconds"]) == {"p50", "p95", "p99"}
-    assert echo["run_seconds"]["p50"] >= 0
+    # run times: 2 s for the two moved completions, ~0 for the dead one.
+    assert echo["run_seconds"]["p99"] == pytest.approx(2, abs=0.1)
     assert metrics["agents"]["FitmentAgent"]["queue_wait_seconds"] is None
     assert metrics["oldest_pending_age_seconds"] is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_into_a_workflow_being_cancelled_waits_and_is_refused():
+    """A cancel that commits while tasks are being added to its workflow: the adding
+    transaction waits on the workflow row and then sees it cancelled, so no pending
+    task is left behind in a cancelled workflow."""
+    import threading
+
+    import psycopg
+    from django.db import connection
+
+    from task_queue import operations
+    from tests.conftest import test_database_url, wait_for
+
+    created = Workflow.objects.create(name="w", open=True)
+    with psycopg.connect(test_database_url()) as other:
+        other.execute(
+            "SELECT 1 FROM workflows WHERE id = %s FOR UPDATE", [created.id]
+        )  # what the cancel endpoint holds
+        other.execute("UPDATE workflows SET cancelled_at = now() WHERE id = %s", [created.id])
+        outcome: list[object] = []
+
+        def add_task() -> None:
+            try:
+                operations.enqueue("EchoAgent", "echo", workflow_id=created.id)
+                outcome.append("created")
+            except operations.InvalidTask as error:
+                outcome.append(error.code)
+            finally:
+                connection.close()
+
+        adder = threading.Thread(target=add_task)
+        adder.start()
+        with psycopg.connect(test_database_url(), autocommit=True) as observer:
+            wait_for(
+                lambda: observer.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND datname = current_database()"
+                ).fetchone()[0],
+                what="the enqueue to wait for the workflow's lock",
+            )
+        other.commit()
+        adder.join(30)
+    assert outcome == ["workflow_cancelled"]
+    assert Task.objects.count() == 0

@@ -15,8 +15,10 @@ from task_queue.models import Task, TaskStatus
 from tests.conftest import REPO, manage_env, wait_for
 from tests.support.api import token
 from tests.support.server import http
+from workflows.models import Workflow
+from workflows.orchestrator.client import ApiClient
 from workflows.orchestrator.definitions import DefinitionError, load_all, parse, render
-from workflows.orchestrator.driver import plan
+from workflows.orchestrator.driver import Orchestrator, plan
 
 DEFINITIONS = Path(__file__).parent / "support" / "definitions"
 FEED = REPO / "workflows" / "orchestrator" / "examples" / "acme_feed.json"
@@ -249,3 +251,71 @@ def test_an_injected_failure_ends_needs_attention_until_revived(
     finally:
         process.terminate()
         process.wait(10)
+
+
+class LossyClient(ApiClient):
+    """Loses the answer to the first workflow creation after the server committed it,
+    as a dropped connection would; the client then sends the request again."""
+
+    lost = False
+
+    def request(self, method: str, path: str, body=None):
+        if (method, path) == ("POST", "/api/v1/workflows") and not self.lost:
+            self.lost = True
+            super().request(method, path, body)
+        return super().request(method, path, body)
+
+
+@pytest.mark.slow
+def test_orchestrator_survives_lost_answers_bad_workflows_and_cancelled_tasks(live_servers):
+    server = live_servers()
+    client = LossyClient(server.url, token("write"))
+    orchestrator = Orchestrator(client)
+    fan_out = parse(
+        {
+            "name": "fan_out",
+            "steps": [
+                {
+                    "name": "each",
+                    "agent_name": "EchoAgent",
+                    "task_type": "echo",
+                    "for_each": "$input.items",
+                    "payload": {"n": "$item"},
+                },
+            ],
+        }
+    )
+    # 1,500 first tasks: more than one request takes; the answer to it is lost.
+    big = orchestrator.start(fan_out, {"items": list(range(1500))})
+    assert client.lost and Workflow.objects.count() == 1
+    assert Task.objects.filter(workflow_id=big).count() == 1000
+    assert Workflow.objects.get(id=big).open
+
+    # A workflow whose orchestrator state was mangled does not stop the others.
+    status, broken = http(
+        "POST",
+        f"{server.url}/api/v1/workflows",
+        client.token,
+        {"name": "broken", "open": True, "metadata": {"orchestrator": {}}},
+    )
+    assert status == 201
+    two_steps = parse(
+        {
+            "name": "two_steps",
+            "steps": [
+                {"name": "a", "agent_name": "EchoAgent", "task_type": "echo"},
+                {"name": "b", "agent_name": "EchoAgent", "task_type": "echo", "depends_on": ["a"]},
+            ],
+        }
+    )
+    doomed = orchestrator.start(two_steps, {})
+    (first,) = tasks_of(doomed)
+    assert http("POST", f"{server.url}/api/v1/tasks/{first.id}/cancel", client.token)[0] == 200
+
+    assert orchestrator.run_once() == 500
+    assert Task.objects.filter(workflow_id=big).count() == 1500
+    assert not Workflow.objects.get(id=big).open
+    # The step after a cancelled task can never run: the workflow is cancelled.
+    assert Workflow.objects.get(id=doomed).cancelled_at is not None
+    assert tasks_of(doomed) == [first]
+    assert Workflow.objects.get(id=broken["id"]).open

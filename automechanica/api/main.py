@@ -1,12 +1,38 @@
 """The HTTP API: ``/api/v1/...``, its OpenAPI schema at ``/api/openapi.json`` and
 interactive docs at ``/api/docs``."""
 
+import json
+import math
+from typing import Any
+
+from django.http import HttpRequest
 from ninja import NinjaAPI
 from ninja.operation import Operation
+from ninja.parser import Parser
 
 from . import errors
 from .auth import token_or_staff
 from .routers import system, tasks, workflows
+
+
+class StrictJsonParser(Parser):
+    """JSON as RFC 8259 has it: Python's parser also takes NaN and Infinity (and makes
+    infinity of 1e999), which no column can store; here they make the body malformed."""
+
+    def parse_body(self, request: HttpRequest) -> Any:
+        return json.loads(request.body, parse_constant=_refuse_constant, parse_float=_finite)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    """A number too large for a float (1e999) would become infinity."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range")
+    return value
 
 
 class AutoMechanicaApi(NinjaAPI):
@@ -26,6 +52,7 @@ api = AutoMechanicaApi(
         "`{code, message, field_errors: [{field, message}], details}`."
     ),
     urls_namespace="api",
+    parser=StrictJsonParser(),
     docs_decorator=token_or_staff,
 )
 errors.install(api)

@@ -12,11 +12,12 @@ from pydantic import StrictInt as Int
 
 from task_queue.models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN, Priority
 from task_queue.operations import MAX_DELAY_SECONDS, MAX_KEY_LENGTH
+from task_queue.storable import text_problem
 
 
-def _no_nul(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("must not contain a NUL character")
+def _storable(value: str) -> str:
+    if problem := text_problem(value):
+        raise ValueError(problem)
     return value
 
 
@@ -29,8 +30,8 @@ def _in_utc(value: datetime) -> datetime:
 
 
 Moment = Annotated[AwareDatetime, AfterValidator(_in_utc)]
-Text = Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH), AfterValidator(_no_nul)]
-SearchText = Annotated[str, Field(max_length=1000), AfterValidator(_no_nul)]
+Text = Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH), AfterValidator(_storable)]
+SearchText = Annotated[str, Field(max_length=1000), AfterValidator(_storable)]
 TaskStatusName = Literal["pending", "leased", "running", "completed", "failed", "dead", "cancelled"]
 WorkflowStatusName = Literal["pending", "running", "completed", "needs_attention", "cancelled"]
 Seconds = Annotated[float, Field(ge=0, le=MAX_DELAY_SECONDS, allow_inf_nan=False)]

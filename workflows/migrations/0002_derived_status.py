@@ -3,6 +3,13 @@
 from django.db import migrations, models
 
 
+def keep_cancellations(apps, schema_editor):
+    """The stored status goes; a cancelled workflow stays cancelled (the others'
+    status follows from their tasks)."""
+    Workflow = apps.get_model("workflows", "Workflow")
+    Workflow.objects.filter(status="cancelled").update(cancelled_at=models.F("updated_at"))
+
+
 class Migration(migrations.Migration):
     dependencies = [
         ("workflows", "0001_initial"),
@@ -17,14 +24,15 @@ class Migration(migrations.Migration):
             model_name="workflow",
             name="workflows_status_valid",
         ),
-        migrations.RemoveField(
-            model_name="workflow",
-            name="status",
-        ),
         migrations.AddField(
             model_name="workflow",
             name="cancelled_at",
             field=models.DateTimeField(blank=True, null=True),
+        ),
+        migrations.RunPython(keep_cancellations, migrations.RunPython.noop),
+        migrations.RemoveField(
+            model_name="workflow",
+            name="status",
         ),
         migrations.AddField(
             model_name="workflow",

@@ -36,8 +36,10 @@ class Plan:
     new_tasks: list[dict[str, Any]] = field(default_factory=list)
     # Every step has all its tasks (the workflow can be closed).
     complete: bool = True
-    # Steps that cannot go on: one of their tasks is dead, failed or cancelled.
+    # Steps that cannot go on until revived: one of their tasks is dead or failed.
     stuck: list[str] = field(default_factory=list)
+    # Steps that can never go on: one of their tasks was cancelled.
+    cancelled: list[str] = field(default_factory=list)
 
 
 def plan(
@@ -69,8 +71,10 @@ def plan(
                 scope = {**context, "item": item, "index": index}
                 result.new_tasks.append(_new_task(step, key, render(step.payload, scope)))
         statuses = [t["status"] if t else None for t in existing]
-        if any(s in ("dead", "failed", "cancelled") for s in statuses):
+        if any(s in ("dead", "failed") for s in statuses):
             result.stuck.append(step.name)
+        if "cancelled" in statuses:
+            result.cancelled.append(step.name)
         done[step.name] = all(s == "completed" for s in statuses)
         if done[step.name]:
             results = [t["result"] for t in existing]
@@ -103,23 +107,30 @@ class Orchestrator:
         """Create a workflow running ``definition`` with its first steps' tasks."""
         run_id = uuid.uuid4().hex
         first = plan(definition, run_id, workflow_input, [])
-        workflow = self.client.post(
-            "/api/v1/workflows",
-            {
-                "name": name or definition.name,
-                "open": not first.complete,
-                "metadata": {
-                    "orchestrator": {
-                        "definition": definition.as_json(),
-                        "input": workflow_input,
-                        "run_id": run_id,
-                    }
-                },
-                "tasks": first.new_tasks[:BATCH],
+        body = {
+            "name": name or definition.name,
+            # Open while steps remain, or first tasks beyond one request's batch.
+            "open": not first.complete or len(first.new_tasks) > BATCH,
+            "metadata": {
+                "orchestrator": {
+                    "definition": definition.as_json(),
+                    "input": workflow_input,
+                    "run_id": run_id,
+                }
             },
-        )
-        log.info("started workflow %s (%s)", workflow["id"], definition.name)
-        return workflow["id"]
+            "tasks": first.new_tasks[:BATCH],
+        }
+        try:
+            workflow_id = self.client.post("/api/v1/workflows", body)["id"]
+        except ApiError as error:
+            # The client resent the request after a lost answer and the first attempt
+            # had committed: its tasks' keys now belong to that workflow.
+            if error.status != 409 or not first.new_tasks:
+                raise
+            task_id = error.body["details"]["task_id"]
+            workflow_id = self.client.get(f"/api/v1/tasks/{task_id}")["workflow_id"]
+        log.info("started workflow %s (%s)", workflow_id, definition.name)
+        return workflow_id
 
     def run_once(self) -> int:
         """One pass over every open workflow this orchestrator drives; returns how many
@@ -133,12 +144,21 @@ class Orchestrator:
                 created += self.drive(workflow, state)
             except (ApiError, DefinitionError) as error:
                 log.error("workflow %s: %s", workflow["id"], error)
+            except Exception:
+                # One malformed workflow (its metadata edited by hand, say) must not
+                # stop the others from being driven.
+                log.exception("workflow %s: cannot drive it", workflow["id"])
         return created
 
     def drive(self, workflow: dict[str, Any], state: dict[str, Any]) -> int:
         definition = parse(state["definition"])
         tasks = list(self.client.pages("/api/v1/tasks", workflow_id=workflow["id"]))
         next_step = plan(definition, state["run_id"], state["input"], tasks)
+        if next_step.cancelled:
+            # An operator cancelled one of its tasks: the steps after it can never run.
+            self.client.post(f"/api/v1/workflows/{workflow['id']}/cancel")
+            log.warning("workflow %s: cancelled with %s", workflow["id"], next_step.cancelled)
+            return 0
         for start in range(0, len(next_step.new_tasks), BATCH):
             batch = [
                 {**task, "workflow_id": workflow["id"], "trace_id": workflow["trace_id"]}

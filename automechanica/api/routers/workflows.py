@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 from uuid import UUID
 
@@ -15,7 +14,7 @@ from pydantic import Field
 
 from task_queue import operations
 from task_queue.models import Task, TaskStatus
-from task_queue.storable import json_has_nul
+from task_queue.storable import storable_json
 from workflows.models import Workflow
 from workflows.progress import progress_of, status_of, with_status
 
@@ -67,11 +66,10 @@ def _workflow(workflow_id: UUID, *, for_update: bool = False) -> Workflow:
 
 
 def _check_metadata(metadata: dict[str, Any]) -> None:
-    text = json.dumps(metadata, allow_nan=False) if metadata else "{}"
-    if json_has_nul(text):
-        raise ApiError.invalid(
-            "metadata", "contains a NUL character, which PostgreSQL cannot store"
-        )
+    try:
+        text = storable_json(metadata)
+    except ValueError as error:
+        raise ApiError.invalid("metadata", str(error)) from None
     if len(text.encode()) > settings.QUEUE_MAX_PAYLOAD_BYTES:
         raise ApiError(
             413,
