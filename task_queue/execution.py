@@ -17,7 +17,7 @@ from typing import Any
 from agents_app.base import Agent, PermanentError, TaskCancelled, TaskContext
 
 from .queries import ClaimedTask
-from .storable import json_has_nul, without_nul
+from .storable import storable_json, without_nul
 
 
 class OutcomeKind(Enum):
@@ -126,12 +126,9 @@ def run_handler(flight: InFlight) -> Outcome | None:
 
 def _result_json(result: Any) -> str:
     try:
-        text = json.dumps(result, allow_nan=False)
-    except (TypeError, ValueError) as error:
-        raise PermanentError(f"the result is not JSON-serialisable: {error}") from error
-    if json_has_nul(text):
-        raise PermanentError("the result contains a NUL character, which jsonb cannot store")
-    return text
+        return storable_json(result)
+    except ValueError as error:
+        raise PermanentError(f"the result {error}") from error
 
 
 def _stopped(flight: InFlight) -> Outcome | None:

@@ -143,8 +143,9 @@ def _check_workflows(rows: list[dict[str, Any]], prefix: str, indexed: bool) -> 
     # the row too) either comes first and is seen here, or waits for these tasks and
     # cancels them with the others.
     workflows = Workflow.objects.filter(id__in=wanted).select_for_update(no_key=True)
-    known = dict(workflows.values_list("id", "cancelled_at"))
-    known = {str(key): cancelled_at for key, cancelled_at in known.items()}
+    known = {
+        str(key): cancelled_at for key, cancelled_at in workflows.values_list("id", "cancelled_at")
+    }
     for index, row in enumerate(rows):
         workflow_id = row["workflow_id"]
         if workflow_id is None:
@@ -183,8 +184,7 @@ def _validated(spec: TaskSpec, index: int | None, prefix: str) -> dict[str, Any]
             details={"task_types": list(agent.task_types)},
         )
     payload_json(spec.payload, invalid)
-    if not _is_int(spec.priority) or not PRIORITY_MIN <= spec.priority <= PRIORITY_MAX:
-        raise invalid("priority", f"must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}")
+    _check_priority(spec.priority, invalid)
     max_attempts = agent.max_attempts if spec.max_attempts is None else spec.max_attempts
     if not _is_int(max_attempts) or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
         raise invalid("max_attempts", f"must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}")
@@ -250,6 +250,11 @@ def payload_json(payload: Any, invalid: Callable[..., InvalidTask]) -> str:
     return text
 
 
+def _check_priority(priority: Any, invalid: Callable[..., InvalidTask]) -> None:
+    if not _is_int(priority) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise invalid("priority", f"must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}")
+
+
 def _fingerprint(row: dict[str, Any]) -> str:
     """A hash of everything the request said about the task."""
     canonical = json.dumps(row, sort_keys=True, separators=(",", ":"), default=str)
@@ -304,10 +309,8 @@ def update_pending(
     for a value the queue would not accept at enqueue.
     """
     new_payload = payload_json(payload, InvalidTask) if payload is not None else None
-    if priority is not None and (
-        not _is_int(priority) or not PRIORITY_MIN <= priority <= PRIORITY_MAX
-    ):
-        raise InvalidTask("priority", f"must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}")
+    if priority is not None:
+        _check_priority(priority, InvalidTask)
     if available_at is not None and available_at.tzinfo is None:
         raise InvalidTask("available_at", "must be a timezone-aware datetime")
     with transaction.atomic():

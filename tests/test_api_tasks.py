@@ -380,10 +380,10 @@ def test_cancel_a_pending_task_then_again(api):
 
 
 def test_cancel_a_running_task_asks_its_worker(api):
-    from tests.support.queue import _claim
+    from tests.support.queue import claim_and_start
 
     task = create(api)
-    _claim("EchoAgent")
+    claim_and_start("EchoAgent")
     response = api.post(f"/api/v1/tasks/{task['id']}/cancel")
     assert response.json()["outcome"] == "cancel_requested"
     assert response.json()["task"]["status"] == "running"

@@ -129,10 +129,10 @@ def test_list_filters_by_status_and_open(api):
 
 
 def test_cancel_cancels_the_tasks_not_started_and_closes_the_workflow(api):
-    from tests.support.queue import _claim
+    from tests.support.queue import claim_and_start
 
     created = workflow(api, open=True, tasks=[ECHO])
-    _claim("EchoAgent")  # the first task is running
+    claim_and_start("EchoAgent")  # the first task is running
     api.post("/api/v1/tasks", [{**ECHO, "workflow_id": created["id"]}] * 2)
     response = api.post(f"/api/v1/workflows/{created['id']}/cancel")
     assert response.status_code == 200

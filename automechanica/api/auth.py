@@ -54,9 +54,7 @@ def token_or_staff(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespo
         user = getattr(request, "user", None)
         if user is not None and user.is_active and user.is_staff:
             return view(request, *args, **kwargs)
-        header = request.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() == "bearer" and find_active_token(token.strip()) is not None:
+        if READ(request) is not None:
             return view(request, *args, **kwargs)
         response = JsonResponse(
             body(

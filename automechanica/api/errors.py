@@ -95,9 +95,9 @@ def body(
     }
 
 
-def field_path(location: tuple | list, prefix: str = "") -> str:
+def field_path(location: tuple | list) -> str:
     """``("tasks", 3, "priority")`` → ``tasks[3].priority``."""
-    path = prefix
+    path = ""
     for part in location:
         if isinstance(part, int):
             path += f"[{part}]"

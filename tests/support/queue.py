@@ -11,7 +11,7 @@ from task_queue import queries
 OWNER = "test-host:1"
 
 
-def _claim(agent: str) -> list[tuple[UUID, UUID]]:
+def claim_and_start(agent: str) -> list[tuple[UUID, UUID]]:
     tasks = queries.claim_tasks(owner=OWNER, agents=[agent], limit=1000, lease_seconds=30, now=None)
     held = [(t.id, t.lease_token) for t in tasks]
     queries.start_tasks(owner=OWNER, held=held, now=None)
@@ -20,7 +20,7 @@ def _claim(agent: str) -> list[tuple[UUID, UUID]]:
 
 def complete_pending(agent: str, result: Any = None) -> list[UUID]:
     """Run every due pending task of ``agent`` to completed with ``result``."""
-    held = _claim(agent)
+    held = claim_and_start(agent)
     done = [(i, token, json.dumps(result or {"ok": True}), "done") for i, token in held]
     return sorted(queries.complete_tasks(owner=OWNER, done=done, now=None))
 
@@ -36,5 +36,7 @@ def fail_pending(agent: str, *, retryable: bool) -> list[tuple[UUID, str, int, A
         "traceback": "Traceback (most recent call last):\n  ...\nBoom: boom\n",
         "retryable": retryable,
     }
-    failures = [(i, token, retryable, 0.0, json.dumps(error)) for i, token in _claim(agent)]
+    failures = [
+        (i, token, retryable, 0.0, json.dumps(error)) for i, token in claim_and_start(agent)
+    ]
     return queries.fail_tasks(owner=OWNER, failures=failures, now=None)

@@ -100,10 +100,13 @@ def create_workflow(request: HttpRequest, body: WorkflowCreate):
             name=body.name, metadata=body.metadata, open=body.open, trace_id=body.trace_id
         )
         specs = [
-            operations.TaskSpec(**task.model_dump(), workflow_id=workflow.id) for task in body.tasks
+            operations.TaskSpec(
+                **task.model_dump(exclude={"trace_id"}),
+                trace_id=task.trace_id or body.trace_id,
+                workflow_id=workflow.id,
+            )
+            for task in body.tasks
         ]
-        for spec in specs:
-            spec.trace_id = spec.trace_id or body.trace_id
         results = operations.enqueue_many(specs, prefix="tasks")
     workflow.refresh_from_db()
     return Status(201, {**_out([workflow])[0], "task_ids": [r.id for r in results]})
