@@ -13,13 +13,15 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-websocket_urlpatterns: list = []
+from automechanica.dashboard.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # The server serves its own static files (the API docs' Swagger UI, the admin's
         # styles) from the apps' static folders: no collectstatic step, no second server.
         "http": ASGIStaticFilesHandler(django_asgi_app),
+        # Origin must be one of ALLOWED_HOSTS (no cross-site sockets riding on the
+        # session cookie); the consumer then requires a staff session.
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

@@ -42,6 +42,8 @@ INSTALLED_APPS = [
     "workflows",
     "agents_app",
     "automechanica.api",
+    "automechanica.dashboard",
+    "django_htmx",
     "daphne",
     "channels",
     # Serves the Swagger UI of /api/docs from our own static files, not a CDN.
@@ -62,6 +64,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
 ]
 
 ROOT_URLCONF = "automechanica.urls"
@@ -109,6 +112,8 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
+# Pages send users who are not logged in as staff to the admin's login form.
+LOGIN_URL = "admin:login"
 STATIC_ROOT = VAR_DIR / "static"
 
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}

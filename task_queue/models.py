@@ -8,6 +8,7 @@ import uuid
 
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.functions import RandomUUID
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models.functions import Now
 
@@ -130,6 +131,14 @@ class Task(models.Model):
                 condition=models.Q(status__in=FINAL_STATUSES),
                 name="tasks_finished_idx",
             ),
+            # The dead-letter page, newest death first.
+            models.Index(
+                fields=["finished_at"],
+                condition=models.Q(status__in=REVIVABLE_STATUSES),
+                name="tasks_dead_letter_idx",
+            ),
+            # Lists newest first (the API, the admin) without sorting the whole table.
+            models.Index(fields=["created_at", "id"], name="tasks_created_idx"),
         ]
 
     def __str__(self) -> str:
@@ -194,6 +203,7 @@ class Worker(models.Model):
     agents = ArrayField(models.TextField())
     concurrency = models.IntegerField()
     in_flight = models.IntegerField(default=0)
+    memory_bytes = models.BigIntegerField(null=True, blank=True)  # resident set size
     started_at = models.DateTimeField(db_default=Now())
     last_heartbeat_at = models.DateTimeField(db_default=Now())
 
@@ -230,3 +240,71 @@ class TaskQueueMetric(models.Model):
 
     def __str__(self) -> str:
         return f"{self.agent_name} @ {self.bucket_start} ({self.bucket_seconds}s)"
+
+
+class PausedAgent(models.Model):
+    """An agent whose queue is paused: workers lease none of its tasks until it is resumed.
+
+    The lease query skips paused agents itself, so a pause takes effect at every
+    worker's next claim, without any worker having to be told.
+    """
+
+    agent_name = models.TextField(primary_key=True)
+    paused_by = models.TextField()
+    paused_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "paused_agents"
+        ordering = ["agent_name"]
+
+    def __str__(self) -> str:
+        return f"{self.agent_name} (paused by {self.paused_by})"
+
+
+class OperatorAction(models.Model):
+    """The audit log: one row per operator action, from the dashboard, the admin or the API.
+
+    Written in the transaction that makes the change, so the log cannot miss an
+    action that happened nor show one that rolled back.
+    """
+
+    class Kind(models.TextChoices):
+        REVIVE = "revive", "Revive"
+        EDIT_AND_REVIVE = "edit_and_revive", "Edit payload and revive"
+        EDIT = "edit", "Edit"
+        CANCEL = "cancel", "Cancel"
+        RUN_NOW = "run_now", "Run now"
+        PAUSE = "pause", "Pause agent"
+        RESUME = "resume", "Resume agent"
+
+    actor = models.TextField()  # "user:alice", "token:orchestrator"
+    action = models.TextField(choices=Kind.choices)
+    # Where it came from: "dashboard", "admin" or "api".
+    source = models.TextField()
+    task_ids = ArrayField(models.UUIDField(), default=list, blank=True)
+    agent_name = models.TextField(null=True, blank=True)
+    # For a bulk action on every task a filter matched: the filter, as the operator set it.
+    matched_filter = models.JSONField(null=True, blank=True)
+    # What changed: {"payload": {"diff": "...unified diff..."}, "priority": {...}}.
+    changes = models.JSONField(default=dict, blank=True)
+    occurred_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "operator_actions"
+        ordering = ["-occurred_at", "-id"]
+        indexes = [
+            # "Operator actions" on a task's page: the rows whose task_ids contain it.
+            GinIndex(fields=["task_ids"], name="operator_actions_tasks_idx"),
+            models.Index(fields=["-occurred_at"], name="operator_actions_time_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.actor} {self.action} ×{len(self.task_ids)} at {self.occurred_at}"
+
+
+class DeadLetterTask(Task):
+    """Dead and failed tasks: the admin's dead-letter section (a proxy, no table)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dead-letter task"

@@ -1,4 +1,6 @@
-"""The queue's Python API for the other apps: enqueue, revive, cancel.
+"""The queue's Python API for the other apps: enqueue, and the operator actions
+(revive, cancel, edit, run now, pause and resume an agent), each written to the
+audit log in its own transaction.
 
 Enqueueing runs inside the caller's transaction: if the caller rolls back there is
 no task and no wake-up, because the NOTIFY that wakes workers is part of the same
@@ -21,9 +23,19 @@ from django.db import transaction
 
 from agents_app import registry
 
-from . import queries
-from .models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN, Priority
+from . import audit, queries
+from .models import (
+    MAX_ATTEMPTS_LIMIT,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    OperatorAction,
+    PausedAgent,
+    Priority,
+    Task,
+)
 from .storable import storable_json, text_problem
+
+Kind = OperatorAction.Kind
 
 
 class InvalidTask(ValueError):
@@ -265,24 +277,112 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def revive(ids: Iterable[UUID], *, actor: str, payload: dict[str, Any] | None = None) -> list[UUID]:
+def run_now(task_id: UUID, *, actor: str, source: str = "python") -> None:
+    """Make a pending task due now (one waiting for its retry backoff or its schedule).
+
+    Raises :class:`TaskNotFound` or :class:`TaskNotPending`.
+    """
+    update_pending(task_id, actor=actor, due_now=True, source=source, action=Kind.RUN_NOW)
+
+
+def revive(
+    ids: Iterable[UUID],
+    *,
+    actor: str,
+    payload: dict[str, Any] | None = None,
+    source: str = "python",
+    matched_filter: dict[str, Any] | None = None,
+) -> list[UUID]:
     """Dead or failed tasks → pending, due now, with a fresh attempt budget.
 
-    ``payload`` replaces the payload of every revived task (edit before retry).
-    Returns the ids revived; tasks in another status are left alone.
+    ``payload`` replaces the payload of every revived task (edit before retry); the
+    audit log keeps the diff. ``matched_filter`` records, for a bulk revive, the
+    filter the operator chose. Returns the ids revived; tasks in another status are
+    left alone.
     """
+    ids = list(ids)
     new_payload = payload_json(payload, InvalidTask) if payload is not None else None
     with transaction.atomic():
-        revived = queries.revive_tasks(ids=list(ids), actor=actor, payload=new_payload, now=None)
+        before = _payloads(ids) if payload is not None else {}
+        revived = queries.revive_tasks(ids=ids, actor=actor, payload=new_payload, now=None)
         queries.notify_agents([agent for _, agent in revived])
-    return [task_id for task_id, _ in revived]
+        revived_ids = [task_id for task_id, _ in revived]
+        if revived_ids:
+            changes = {}
+            if payload is not None:
+                diffs = {str(i): audit.payload_diff(before[i], payload) for i in revived_ids}
+                changes = {"payload": {"diff": diffs}}
+            audit.record(
+                actor=actor,
+                action=Kind.EDIT_AND_REVIVE if payload is not None else Kind.REVIVE,
+                source=source,
+                task_ids=revived_ids,
+                matched_filter=matched_filter,
+                changes=changes,
+            )
+    return revived_ids
 
 
-def cancel(ids: Iterable[UUID], *, actor: str) -> dict[UUID, str]:
+def cancel(
+    ids: Iterable[UUID],
+    *,
+    actor: str,
+    source: str = "python",
+    matched_filter: dict[str, Any] | None = None,
+) -> dict[UUID, str]:
     """Cancel tasks: pending or leased ones at once; running ones are asked to stop,
-    which their worker sees at its next heartbeat. Returns {id: "cancelled" or
-    "cancel_requested"} for the tasks affected."""
-    return dict(queries.cancel_tasks(ids=list(ids), actor=actor, now=None))
+    which their worker sees at its next heartbeat. Dead and failed tasks are
+    cancelled too: the operator gives up on them and they leave the dead letter.
+    Returns {id: "cancelled" or "cancel_requested"} for the tasks affected."""
+    with transaction.atomic():
+        outcome = dict(queries.cancel_tasks(ids=list(ids), actor=actor, now=None))
+        if outcome:
+            audit.record(
+                actor=actor,
+                action=Kind.CANCEL,
+                source=source,
+                task_ids=list(outcome),
+                matched_filter=matched_filter,
+            )
+    return outcome
+
+
+def _payloads(ids: Sequence[UUID]) -> dict[UUID, dict[str, Any]]:
+    """The current payloads of ``ids``, locked until the transaction ends."""
+    tasks = Task.objects.filter(id__in=ids).select_for_update(no_key=True)
+    return dict(tasks.values_list("id", "payload"))
+
+
+def pause_agent(agent_name: str, *, actor: str, source: str = "python") -> bool:
+    """Stop workers leasing ``agent_name``'s tasks (from their next claim on).
+
+    Tasks already leased run to their end. Returns False if it was paused already.
+    """
+    registry.get(agent_name)  # KeyError for an unknown agent
+    with transaction.atomic():
+        _, created = PausedAgent.objects.get_or_create(
+            agent_name=agent_name, defaults={"paused_by": actor}
+        )
+        if created:
+            audit.record(actor=actor, action=Kind.PAUSE, source=source, agent_name=agent_name)
+    return created
+
+
+def resume_agent(agent_name: str, *, actor: str, source: str = "python") -> bool:
+    """Let workers lease ``agent_name``'s tasks again, and wake them at once.
+
+    Returns False if it was not paused.
+    """
+    with transaction.atomic():
+        deleted, _ = PausedAgent.objects.filter(agent_name=agent_name).delete()
+        if deleted:
+            queries.notify_agents([agent_name])
+            audit.record(actor=actor, action=Kind.RESUME, source=source, agent_name=agent_name)
+    return bool(deleted)
+
+
+def paused_agents() -> dict[str, PausedAgent]:
+    return {paused.agent_name: paused for paused in PausedAgent.objects.all()}
 
 
 class TaskNotFound(LookupError):
@@ -302,8 +402,14 @@ def update_pending(
     priority: int | None = None,
     payload: dict[str, Any] | None = None,
     available_at: datetime | None = None,
+    due_now: bool = False,
+    source: str = "python",
+    action: str | None = None,
 ) -> None:
     """Change a pending task (what Oban calls editing a job before it runs).
+
+    ``action`` names the change in the audit log when it is more than an edit
+    (``run_now``).
 
     Raises :class:`TaskNotFound`, :class:`TaskNotPending`, or :class:`InvalidTask`
     for a value the queue would not accept at enqueue.
@@ -314,12 +420,14 @@ def update_pending(
     if available_at is not None and available_at.tzinfo is None:
         raise InvalidTask("available_at", "must be a timezone-aware datetime")
     with transaction.atomic():
+        before = Task.objects.select_for_update(no_key=True).filter(id=task_id).first()
         found = queries.update_pending_task(
             task_id=task_id,
             actor=actor,
             priority=priority,
             payload=new_payload,
             available_at=available_at.astimezone(UTC) if available_at else None,
+            due_now=due_now,
             now=None,
         )
         if found is None:
@@ -328,3 +436,21 @@ def update_pending(
         if agent_name is None:
             raise TaskNotPending(status)
         queries.notify_agents([agent_name])
+        changes: dict[str, Any] = {}
+        if payload is not None:
+            diff = audit.payload_diff(before.payload, payload)
+            changes["payload"] = {"diff": {str(task_id): diff}}
+        if priority is not None:
+            changes["priority"] = {"from": before.priority, "to": priority}
+        if available_at is not None or due_now:
+            changes["available_at"] = {
+                "from": before.available_at.isoformat(),
+                "to": "now" if due_now else available_at.astimezone(UTC).isoformat(),
+            }
+        audit.record(
+            actor=actor,
+            action=action or Kind.EDIT,
+            source=source,
+            task_ids=[task_id],
+            changes=changes,
+        )

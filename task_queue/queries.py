@@ -24,6 +24,9 @@ from uuid import UUID
 from django.db import connection
 
 NOTIFY_CHANNEL = "automechanica_tasks"
+# Every statement that changes task statuses notifies here (a trigger, migration
+# queue 0004): {"tasks": [[id, status], ...], "more": bool}. The dashboard listens.
+TASK_CHANGES_CHANNEL = "automechanica_task_changes"
 
 # The statement's time: inlined rather than joined from a CTE, so the planner can
 # use it as an index bound.
@@ -147,12 +150,16 @@ class ClaimedTask:
 
 # Each agent's due tasks come from an ordered scan of tasks_pending_lease_idx
 # (agent_name, priority, created_at); the best `limit` of them across agents are
-# claimed. With several agents, rows locked but not chosen are let go when the
-# statement commits.
+# claimed; with several agents, rows locked but not chosen are let go when the
+# statement commits. Paused agents (paused_agents) are left out before any row is
+# locked.
 CLAIM_TASKS = f"""
 WITH due AS (
     SELECT t.id, t.priority, t.created_at
-    FROM unnest(%(agents)s::text[]) AS agent(name)
+    FROM (
+        SELECT name FROM unnest(%(agents)s::text[]) AS a(name)
+        WHERE NOT EXISTS (SELECT FROM paused_agents p WHERE p.agent_name = a.name)
+    ) AS agent
     CROSS JOIN LATERAL (
         SELECT id, priority, created_at
         FROM tasks
@@ -241,11 +248,12 @@ WITH extended AS (
 ),
 registered AS (
     INSERT INTO workers (worker_id, hostname, pid, agents, concurrency, in_flight,
-                         started_at, last_heartbeat_at)
+                         memory_bytes, started_at, last_heartbeat_at)
     SELECT %(owner)s, %(hostname)s, %(pid)s, %(agents)s::text[], %(concurrency)s,
-           %(in_flight)s, {_NOW}, {_NOW}
+           %(in_flight)s, %(memory_bytes)s, {_NOW}, {_NOW}
     ON CONFLICT (worker_id) DO UPDATE
-    SET last_heartbeat_at = EXCLUDED.last_heartbeat_at, in_flight = EXCLUDED.in_flight
+    SET last_heartbeat_at = EXCLUDED.last_heartbeat_at, in_flight = EXCLUDED.in_flight,
+        memory_bytes = EXCLUDED.memory_bytes
 )
 SELECT * FROM extended
 """
@@ -261,6 +269,7 @@ def heartbeat(
     agents: Sequence[str],
     concurrency: int,
     now: datetime | None,
+    memory_bytes: int | None = None,
 ) -> dict[UUID, bool]:
     """Extend every lease the worker holds and record that the worker is alive.
 
@@ -274,6 +283,7 @@ def heartbeat(
         "agents": list(agents),
         "concurrency": concurrency,
         "in_flight": len(held),
+        "memory_bytes": memory_bytes,
     }
     return dict(_rows(HEARTBEAT, params))
 
@@ -288,11 +298,13 @@ def delete_worker(owner: str) -> None:
 NEXT_DUE_AT = """
 SELECT min(available_at) FROM tasks
 WHERE status = 'pending' AND agent_name = ANY(%(agents)s::text[])
+  AND agent_name NOT IN (SELECT agent_name FROM paused_agents)
 """
 
 
 def next_due_at(agents: Sequence[str]) -> datetime | None:
-    """When the earliest pending task of ``agents`` falls due (it may be past)."""
+    """When the earliest pending task of ``agents`` falls due (it may be past); paused
+    agents' tasks do not count, so a worker of a paused agent sleeps until woken."""
     return _rows(NEXT_DUE_AT, {"agents": list(agents)})[0][0]
 
 
@@ -591,7 +603,8 @@ def revive_tasks(
 CANCEL_TASKS = f"""
 WITH target AS (
     SELECT id, status, attempts FROM tasks
-    WHERE id = ANY(%(ids)s::uuid[]) AND status IN ('pending', 'leased', 'running')
+    WHERE id = ANY(%(ids)s::uuid[])
+      AND status IN ('pending', 'leased', 'running', 'dead', 'failed')
       AND cancel_requested_at IS NULL
     FOR UPDATE
 ),
@@ -600,7 +613,7 @@ cancelled AS (
     SET status = 'cancelled', finished_at = {_NOW}, updated_at = {_NOW},
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
     FROM target
-    WHERE t.id = target.id AND target.status IN ('pending', 'leased')
+    WHERE t.id = target.id AND target.status <> 'running'
     RETURNING t.id, target.status AS from_status, t.status AS to_status, t.attempts
 ),
 requested AS (
@@ -628,7 +641,8 @@ SELECT id, event FROM changed
 def cancel_tasks(
     *, ids: Sequence[UUID], actor: str, now: datetime | None
 ) -> list[tuple[UUID, str]]:
-    """Pending/leased → cancelled now; running → cancel requested. (id, event) each."""
+    """Pending, leased, dead or failed → cancelled now; running → cancel requested.
+    (id, event) each."""
     return _rows(CANCEL_TASKS, {"ids": list(ids), "actor": actor, "now": now})
 
 
@@ -642,7 +656,8 @@ updated AS (
     UPDATE tasks t
     SET priority = COALESCE(%(priority)s, t.priority),
         payload = COALESCE(%(payload)s::jsonb, t.payload),
-        available_at = COALESCE(%(available_at)s::timestamptz, t.available_at),
+        available_at = CASE WHEN %(due_now)s THEN {_NOW}
+                            ELSE COALESCE(%(available_at)s::timestamptz, t.available_at) END,
         updated_at = {_NOW}
     FROM target
     WHERE t.id = target.id AND target.status = 'pending'
@@ -657,7 +672,8 @@ history AS (
                    'from', target.priority, 'to', updated.priority) END,
                'payload', CASE WHEN %(payload)s IS NOT NULL THEN jsonb_build_object(
                    'from', target.payload, 'to', updated.payload) END,
-               'available_at', CASE WHEN %(available_at)s IS NOT NULL THEN jsonb_build_object(
+               'available_at', CASE WHEN %(available_at)s IS NOT NULL OR %(due_now)s
+                                    THEN jsonb_build_object(
                    'from', target.available_at, 'to', updated.available_at) END))
     FROM updated JOIN target ON target.id = updated.id
 )
@@ -674,9 +690,11 @@ def update_pending_task(
     payload: str | None,
     available_at: datetime | None,
     now: datetime | None,
+    due_now: bool = False,
 ) -> tuple[str, str | None] | None:
-    """Change a pending task's priority, payload (JSON text) or due time; None leaves
-    a field as it is. The history row records each change, from and to.
+    """Change a pending task's priority, payload (JSON text) or due time (``due_now``:
+    the database's now); None leaves a field as it is. The history row records each
+    change, from and to.
 
     Returns (status before, agent name if updated), or None when there is no such
     task; a task that is not pending is left alone.
@@ -687,6 +705,7 @@ def update_pending_task(
         "priority": priority,
         "payload": payload,
         "available_at": available_at,
+        "due_now": due_now,
         "now": now,
     }
     rows = _rows(UPDATE_PENDING_TASK, params)
@@ -766,6 +785,93 @@ def recent_activity() -> list[RecentActivity]:
     ]
 
 
+# The statuses a dashboard counts exactly, each branch matching one partial index's
+# predicate (pending: tasks_pending_lease_idx; held: tasks_held_lease_idx; dead and
+# failed: tasks_dead_letter_idx), so none reads the bulk of finished tasks.
+COUNT_OPEN_TASKS = """
+SELECT agent_name, 'pending', count(*) FROM tasks WHERE status = 'pending' GROUP BY agent_name
+UNION ALL
+SELECT agent_name, status, count(*) FROM tasks WHERE status IN ('leased', 'running')
+GROUP BY agent_name, status
+UNION ALL
+SELECT agent_name, status, count(*) FROM tasks WHERE status IN ('dead', 'failed')
+GROUP BY agent_name, status
+"""
+
+
+def count_open_tasks() -> list[tuple[str, str, int]]:
+    """(agent, status, count) for pending, leased, running, dead and failed tasks."""
+    return _rows(COUNT_OPEN_TASKS, {})
+
+
+# The planner's own figures: the table's row count scaled to its current size, as the
+# planner does, and the share of each (agent, status) pair from the extended
+# statistics tasks_agent_status_stats (migration queue 0004), as of the last ANALYZE.
+ESTIMATE_TASKS_BY_AGENT_AND_STATUS = """
+WITH size AS (
+    SELECT CASE WHEN c.relpages > 0
+                THEN c.reltuples / c.relpages
+                     * (pg_relation_size(c.oid) / current_setting('block_size')::int)
+                ELSE c.reltuples END AS rows
+    FROM pg_class c WHERE c.oid = 'tasks'::regclass
+)
+SELECT s.most_common_vals[i][1], s.most_common_vals[i][2],
+       round(s.most_common_freqs[i] * size.rows)::bigint
+FROM pg_stats_ext s
+CROSS JOIN size
+CROSS JOIN LATERAL generate_subscripts(s.most_common_freqs, 1) AS i
+WHERE s.statistics_name = 'tasks_agent_status_stats'
+"""
+
+
+ESTIMATED_TABLE_ROWS = "SELECT reltuples FROM pg_class WHERE oid = 'tasks'::regclass"
+
+
+def estimate_tasks_by_agent_and_status() -> list[tuple[str, str, int]]:
+    """(agent, status, estimated count) for the pairs the last ANALYZE saw; none
+    before the first."""
+    return _rows(ESTIMATE_TASKS_BY_AGENT_AND_STATUS, {})
+
+
+def estimated_table_rows() -> float:
+    """The planner's estimate of the tasks table's row count (-1: never analysed)."""
+    return _rows(ESTIMATED_TABLE_ROWS, {})[0][0]
+
+
+# Completions and failures per minute over the last hour (the overview's charts), from
+# tasks_finished_idx. Minutes with none are absent.
+FINISHED_PER_MINUTE = """
+SELECT date_bin('1 minute', finished_at, 'epoch') AS minute,
+       count(*) FILTER (WHERE status = 'completed'),
+       count(*) FILTER (WHERE status IN ('failed', 'dead'))
+FROM tasks
+WHERE status IN ('completed', 'failed', 'dead', 'cancelled')
+  AND finished_at >= date_bin('1 minute', now(), 'epoch') - interval '59 minutes'
+GROUP BY minute
+"""
+
+
+def finished_per_minute() -> list[tuple[datetime, int, int]]:
+    """(minute, completed, failed or dead) for the minutes of the last hour with any."""
+    return _rows(FINISHED_PER_MINUTE, {})
+
+
+# One index probe per agent into tasks_pending_due_idx (agent_name, available_at):
+# the first entry is the agent's longest-waiting task.
+OLDEST_PENDING_AGE_BY_AGENT = """
+SELECT agent.name,
+       (SELECT EXTRACT(EPOCH FROM now() - min(available_at))::float8
+        FROM tasks
+        WHERE status = 'pending' AND agent_name = agent.name AND available_at <= now())
+FROM unnest(%(agents)s::text[]) AS agent(name)
+"""
+
+
+def oldest_pending_age_by_agent(agents: Sequence[str]) -> dict[str, float | None]:
+    """Agent → seconds its longest-waiting due task has waited (None: none waits)."""
+    return dict(_rows(OLDEST_PENDING_AGE_BY_AGENT, {"agents": list(agents)}))
+
+
 def _rows_nofetch(sql: str, params: dict[str, Any]) -> int:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -773,6 +879,60 @@ def _rows_nofetch(sql: str, params: dict[str, Any]) -> int:
 
 
 # ---------------------------------------------------------------- benchmark
+
+# Synthetic history for measuring the dashboard at scale: `count` tasks of `agents`,
+# created over the last `days`, mostly completed, with pending, dead, failed and
+# cancelled shares. The 'seed:' task type marks them.
+SEED_TASKS = """
+INSERT INTO tasks (agent_name, task_type, payload, priority, status, attempts, max_attempts,
+                   available_at, started_at, finished_at, error_info, result,
+                   created_at, updated_at)
+SELECT agent, 'seed:' || agent, jsonb_build_object('sku', 'SKU-' || n, 'batch', %(batch)s),
+       n %% 4, status, CASE WHEN status IN ('dead', 'failed') THEN 3 ELSE 1 END, 3,
+       created, CASE WHEN status <> 'pending' THEN created + interval '2 seconds' END,
+       CASE WHEN status <> 'pending' THEN created + interval '3 seconds' END,
+       CASE WHEN status IN ('dead', 'failed') THEN jsonb_build_object(
+           'type', (ARRAY['TimeoutError', 'InvalidPayload', 'ConnectionError'])[1 + n %% 3],
+           'message', 'seeded failure of SKU-' || n, 'retryable', status = 'dead') END,
+       CASE WHEN status = 'completed' THEN '{"ok": true}'::jsonb END,
+       created, created
+FROM (
+    SELECT n,
+           (%(agents)s::text[])[1 + n %% cardinality(%(agents)s::text[])] AS agent,
+           CASE WHEN r < %(pending)s THEN 'pending'
+                WHEN r < %(pending)s + %(dead)s THEN 'dead'
+                WHEN r < %(pending)s + %(dead)s + %(failed)s THEN 'failed'
+                WHEN r < %(pending)s + %(dead)s + %(failed)s + %(cancelled)s THEN 'cancelled'
+                ELSE 'completed' END AS status,
+           now() - random() * make_interval(days => %(days)s) AS created
+    FROM generate_series(%(start)s, %(start)s + %(count)s - 1) AS n,
+         LATERAL (SELECT random() AS r) AS roll
+) AS seeded
+"""
+
+
+def seed_tasks(
+    *,
+    start: int,
+    count: int,
+    agents: Sequence[str],
+    shares: dict[str, float],
+    days: int,
+    batch: str,
+) -> int:
+    """Insert ``count`` synthetic tasks; ``shares`` of pending, dead, failed, cancelled."""
+    params = {"start": start, "count": count, "agents": list(agents), "days": days,
+              "batch": batch, **shares}  # fmt: skip
+    return _rows_nofetch(SEED_TASKS, params)
+
+
+ANALYZE_TASKS = "ANALYZE tasks"
+
+
+def analyze_tasks() -> None:
+    """Refresh the planner's statistics of tasks (the overview's estimates read them)."""
+    _rows_nofetch(ANALYZE_TASKS, {})
+
 
 TASK_PROGRESS = """
 SELECT count(*) FILTER (WHERE status IN ('completed', 'failed', 'dead', 'cancelled')),

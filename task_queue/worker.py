@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from uuid import UUID
 
+import psutil
 from django.db import DatabaseError, connection, transaction
 
 from agents_app import registry
@@ -248,6 +249,7 @@ class Worker:
                 pid=os.getpid(),
                 agents=list(self.agents),
                 concurrency=self.config.concurrency,
+                memory_bytes=psutil.Process().memory_info().rss,
                 now=self.now(),
             )
         except CONNECTION_ERRORS as error:

@@ -147,6 +147,19 @@ def live_servers(transactional_db, tmp_path) -> Iterator[Callable[[], LiveServer
 
 
 @pytest.fixture
+def browser():
+    """Headless Debian Chromium driven by Playwright (tests using it need Chromium)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.support.browser import CHROMIUM
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
 def runs_table(transactional_db) -> str:
     """The table test agents record every run in (see tests/support/agents.py)."""
     from tests.support.agents import CREATE_RUNS_TABLE, RUNS_TABLE

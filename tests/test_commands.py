@@ -12,10 +12,12 @@ from io import StringIO
 
 import psutil
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import call_command, get_commands
 from django.core.management.base import CommandError
 
 from task_queue.models import Task, TaskStatus, Worker
+from workflows.models import Workflow
 
 from .conftest import REPO, manage_env, wait_for
 
@@ -146,7 +148,7 @@ def test_up_serves_the_api_and_stops_everything_on_ctrl_c(transactional_db, tmp_
         port = probe.getsockname()[1]
     log = (tmp_path / "up.log").open("wb")
     up = subprocess.Popen(
-        [sys.executable, "manage.py", "up", "--agents", "EchoAgent", "--port", str(port)],
+        [sys.executable, "manage.py", "up", "--demo", "--agents", "EchoAgent", "--port", str(port)],
         cwd=REPO,
         env=manage_env(),
         stdout=log,
@@ -167,12 +169,25 @@ def test_up_serves_the_api_and_stops_everything_on_ctrl_c(transactional_db, tmp_
         assert answers("/static/ninja/swagger-ui-bundle.js") == 200
         wait_for(lambda: Worker.objects.exists(), timeout=60, what="the worker")
         children = psutil.Process(up.pid).children(recursive=True)
-        assert len(children) == 2
+        commands = sorted(" ".join(child.cmdline()[1:4]) for child in children)
+        assert commands == [
+            "-m daphne -b", "manage.py runmaintenance", "manage.py runorchestrator --api",
+            "manage.py runworker EchoAgent",
+        ]  # fmt: skip
+        # --demo: the orchestrator starts workflows through the API.
+        wait_for(lambda: Workflow.objects.exists(), timeout=60, what="a demo workflow")
+        # The first run made an admin user and printed its password, this once.
+        admin = User.objects.get(is_superuser=True)
+        printed = (tmp_path / "up.log").read_text()
+        password = printed.split("created the admin user: admin / ")[1].split()[0]
+        assert admin.username == "admin" and admin.check_password(password)
         up.send_signal(signal.SIGINT)
         assert up.wait(60) == 0, (tmp_path / "up.log").read_text()
         _, alive = psutil.wait_procs(children, timeout=10)
         assert alive == []
     finally:
         if up.poll() is None:
+            for child in psutil.Process(up.pid).children(recursive=True):
+                child.kill()
             up.kill()
         log.close()

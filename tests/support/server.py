@@ -23,7 +23,11 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(
+        self.env, self.cwd = env, cwd
+        self.process = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen:
+        return subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -32,12 +36,19 @@ class LiveServer:
                 str(self.sock.fileno()),
                 "automechanica.asgi:application",
             ],
-            cwd=cwd,
-            env=env,
+            cwd=self.cwd,
+            env=self.env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             pass_fds=[self.sock.fileno()],
         )
+
+    def restart(self) -> None:
+        """Stop the server and start another on the same socket (the same port):
+        clients see their connections drop, then the server come back."""
+        self.process.terminate()
+        self.process.wait(15)
+        self.process = self._spawn()
 
     def ready(self) -> bool:
         """True once the server answers (401: it is up and wants a token)."""

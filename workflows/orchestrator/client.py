@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -23,12 +24,21 @@ class ApiError(Exception):
 
 class ApiClient:
     """Calls ``base_url`` with a bearer token. Connection failures (the server
-    restarting) are retried with backoff for up to ``retry_seconds``."""
+    restarting) are retried with backoff for up to ``retry_seconds``, unless ``stop``
+    is set: a shutdown must not wait out the retries."""
 
-    def __init__(self, base_url: str, token: str, *, retry_seconds: float = 60) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        retry_seconds: float = 60,
+        stop: threading.Event | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.retry_seconds = retry_seconds
+        self.stop = stop or threading.Event()
 
     def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None
@@ -56,9 +66,8 @@ class ApiClient:
                     content = raw.decode(errors="replace")
                 raise ApiError(method, path, error.code, content) from None
             except (urllib.error.URLError, ConnectionError, TimeoutError):
-                if time.monotonic() + delay > deadline:
+                if time.monotonic() + delay > deadline or self.stop.wait(delay):
                     raise
-                time.sleep(delay)
                 delay = min(delay * 2, 5)
 
     def get(self, path: str, **params: Any) -> Any:

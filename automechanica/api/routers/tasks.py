@@ -124,7 +124,16 @@ def revive_many(request: HttpRequest, body: BulkReviveRequest):
     with transaction.atomic():
         for start in range(0, len(ids), REVIVE_CHUNK):
             chunk = ids[start : start + REVIVE_CHUNK]
-            revived += len(operations.revive(chunk, actor=request.auth.actor))
+            revived += len(
+                operations.revive(
+                    chunk,
+                    actor=request.auth.actor,
+                    source="api",
+                    matched_filter=body.filters.model_dump(mode="json", exclude_none=True)
+                    if body.filters
+                    else None,
+                )
+            )
     return {"revived": revived}
 
 
@@ -148,7 +157,7 @@ def update_task(request: HttpRequest, task_id: UUID, body: TaskUpdate):
             or [("body", "give at least one of priority, payload, available_at")],
         )
     try:
-        operations.update_pending(task_id, actor=request.auth.actor, **changes)
+        operations.update_pending(task_id, actor=request.auth.actor, source="api", **changes)
     except operations.TaskNotFound:
         raise ApiError.not_found("task") from None
     except operations.TaskNotPending as error:
@@ -160,7 +169,7 @@ def update_task(request: HttpRequest, task_id: UUID, body: TaskUpdate):
 def cancel_task(request: HttpRequest, task_id: UUID):
     """A pending or leased task is cancelled at once; a running one is asked to stop
     and its worker cancels it at its next heartbeat."""
-    outcome = operations.cancel([task_id], actor=request.auth.actor).get(task_id)
+    outcome = operations.cancel([task_id], actor=request.auth.actor, source="api").get(task_id)
     task = _task(task_id)
     if outcome is None:
         state = "cancel requested" if task.cancel_requested_at else task.status
@@ -173,7 +182,7 @@ def revive_task(request: HttpRequest, task_id: UUID, body: ReviveRequest | None 
     """A dead or failed task back to pending with fresh attempts, optionally with an
     edited payload."""
     payload = body.payload if body is not None else None
-    revived = operations.revive([task_id], actor=request.auth.actor, payload=payload)
+    revived = operations.revive([task_id], actor=request.auth.actor, payload=payload, source="api")
     task = _task(task_id)
     if not revived:
         raise ApiError.wrong_status("task", task.status, "revive it: only dead or failed tasks")

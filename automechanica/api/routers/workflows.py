@@ -174,5 +174,5 @@ def cancel_workflow(request: HttpRequest, workflow_id: UUID):
         waiting = Task.objects.filter(
             workflow_id=workflow_id, status__in=[TaskStatus.PENDING, TaskStatus.LEASED]
         ).values_list("id", flat=True)
-        cancelled = operations.cancel(list(waiting), actor=request.auth.actor)
+        cancelled = operations.cancel(list(waiting), actor=request.auth.actor, source="api")
     return {"cancelled_tasks": len(cancelled), "workflow": _out([workflow])[0]}

@@ -1,13 +1,15 @@
-"""``manage.py up``: run the product on one machine.
+"""``manage.py up [--demo] [--port 8000]``: run the product on one machine.
 
 Applies migrations (starting the embedded database when ``DATABASE_URL`` is unset),
-then runs the web server (daphne: the API, its docs and the admin) and one
-``runworker`` process per agent, and supervises them: a process that dies is
-reported and the others are stopped. Ctrl-C (or SIGTERM) stops every process
-gracefully; a second Ctrl-C stops them at once. The dashboard issue adds the first
-admin user and ``--demo`` here.
+creates an admin user on the first run (printing its generated password once), then
+runs the web server (daphne: dashboard, admin, API, WebSockets), one ``runworker``
+process per agent and the maintenance loop, and supervises them: a process that
+dies is reported and the others are stopped. ``--demo`` adds the reference
+orchestrator with a stream of supplier feeds, some of whose parts fail. Ctrl-C (or
+SIGTERM) stops every process gracefully; a second Ctrl-C stops them at once.
 """
 
+import secrets
 import signal
 import subprocess
 import sys
@@ -15,14 +17,23 @@ import time
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 from agents_app import registry
+from automechanica.api.models import ApiToken
+from automechanica.api.tokens import create_token
+
+DEMO_TOKEN_NAME = "demo orchestrator"
 
 
 class Command(BaseCommand):
-    help = "Migrate, then run the web server and a worker per agent until Ctrl-C."
+    help = (
+        "Migrate, then run the web server, a worker per agent and the maintenance loop "
+        "(with --demo, a demo orchestrator too) until Ctrl-C."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -31,6 +42,11 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=10, help="per worker (10)")
         parser.add_argument("--host", default="127.0.0.1", help="web server address")
         parser.add_argument("--port", type=int, default=8000, help="web server port (8000)")
+        parser.add_argument(
+            "--demo",
+            action="store_true",
+            help="also run the orchestrator with a stream of demo workflows, some failing",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         agents = options["agents"] or registry.names()
@@ -38,6 +54,7 @@ class Command(BaseCommand):
         if unknown:
             raise CommandError(f"unknown agent {', '.join(unknown)}")
         call_command("migrate", interactive=False, verbosity=0)
+        self._first_admin()
         self.stdout.write("database ready; starting workers: " + ", ".join(agents))
         commands = {
             agent: ["manage.py", "runworker", agent, "--concurrency", str(options["concurrency"])]
@@ -47,10 +64,15 @@ class Command(BaseCommand):
             "-m", "daphne", "-b", options["host"], "-p", str(options["port"]),
             "automechanica.asgi:application",
         ]  # fmt: skip
-        self.stdout.write(
-            f"web server: http://{options['host']}:{options['port']}/api/docs (API docs), "
-            f"/admin/ (admin)"
-        )
+        commands["maintenance"] = ["manage.py", "runmaintenance"]
+        url = f"http://{options['host']}:{options['port']}"
+        if options["demo"]:
+            api_url = f"http://127.0.0.1:{options['port']}"
+            commands["demo orchestrator"] = [
+                "manage.py", "runorchestrator", "--api", api_url,
+                "--token", _demo_token(), "--demo-every", "4",
+            ]  # fmt: skip
+        self.stdout.write(f"dashboard: {url}/   admin: {url}/admin/   API docs: {url}/api/docs")
         workers = {
             name: subprocess.Popen(
                 [sys.executable, *command],
@@ -83,3 +105,23 @@ class Command(BaseCommand):
         if failed is not None:
             raise CommandError(f"the {failed} process exited with {workers[failed].returncode}")
         self.stdout.write("all processes stopped")
+
+    def _first_admin(self) -> None:
+        """On the first run, a superuser ``admin`` whose password is printed this once."""
+        users = get_user_model()
+        if users.objects.filter(is_superuser=True).exists():
+            return
+        password = secrets.token_urlsafe(12)
+        users.objects.create_superuser("admin", "", password)
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"created the admin user: admin / {password}\n"
+                "  (shown this once; change it in the admin or with `manage.py changepassword`)"
+            )
+        )
+
+
+def _demo_token() -> str:
+    """A fresh write token for the demo orchestrator; earlier demo tokens are revoked."""
+    ApiToken.objects.filter(name=DEMO_TOKEN_NAME, revoked_at=None).update(revoked_at=timezone.now())
+    return create_token(DEMO_TOKEN_NAME, "write")[1]

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import json
+import logging
+import random
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from workflows.orchestrator.client import ApiClient, ApiError
-from workflows.orchestrator.definitions import DefinitionError, load_all
+from workflows.orchestrator.definitions import Definition, DefinitionError, load_all
+from workflows.orchestrator.demo import demo_feed
 from workflows.orchestrator.driver import Orchestrator
+
+logger = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):
@@ -40,13 +46,23 @@ class Command(BaseCommand):
         )
         parser.add_argument("--poll", type=float, default=1.0, help="seconds between passes")
         parser.add_argument("--once", action="store_true", help="one pass, then exit")
+        parser.add_argument(
+            "--demo-every",
+            type=float,
+            metavar="SECONDS",
+            help="also start a supplier_onboarding workflow of a generated feed this often "
+            "(some of its parts fail fitment, for the dead letter)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             definitions = load_all(*options["definitions"])
         except (OSError, ValueError, DefinitionError) as error:
             raise CommandError(f"cannot load definitions: {error}") from None
-        orchestrator = Orchestrator(ApiClient(options["api"], options["token"]))
+        stop = threading.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: stop.set())
+        orchestrator = Orchestrator(ApiClient(options["api"], options["token"], stop=stop))
         try:
             if name := options["start"]:
                 if name not in definitions:
@@ -54,16 +70,33 @@ class Command(BaseCommand):
                     raise CommandError(f"no definition {name!r}; known: {known}")
                 workflow_id = orchestrator.start(definitions[name], _input(options["input"]))
                 self.stdout.write(workflow_id)
-            self._loop(orchestrator, options["poll"], options["once"])
+            demo = None
+            if options["demo_every"]:
+                demo = (definitions["supplier_onboarding"], options["demo_every"])
+            self._loop(orchestrator, stop, options["poll"], options["once"], demo)
         except ApiError as error:
             raise CommandError(str(error)) from None
 
-    def _loop(self, orchestrator: Orchestrator, poll: float, once: bool) -> None:
-        stop = threading.Event()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda *_: stop.set())
+    def _loop(
+        self,
+        orchestrator: Orchestrator,
+        stop: threading.Event,
+        poll: float,
+        once: bool,
+        demo: tuple[Definition, float] | None,
+    ) -> None:
+        rng = random.Random()
+        next_demo = time.monotonic()
         while True:
-            orchestrator.run_once()
+            try:
+                if demo and time.monotonic() >= next_demo:
+                    orchestrator.start(demo[0], demo_feed(rng), name="demo supplier feed")
+                    next_demo = time.monotonic() + demo[1]
+                orchestrator.run_once()
+            except OSError as error:  # the server stayed unreachable through the retries
+                if once:
+                    raise CommandError(f"cannot reach the API: {error}") from None
+                logger.warning("cannot reach the API (%s); trying again", error)
             if once or stop.wait(poll):
                 return
 

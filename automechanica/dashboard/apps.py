@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class DashboardConfig(AppConfig):
+    name = "automechanica.dashboard"
+    label = "dashboard"
+    verbose_name = "Operations dashboard"

@@ -1,0 +1,87 @@
+"""The parts of pages that change live, each rendered the same way by the page's
+view and by the live hub that pushes it over the WebSocket (htmx swaps it by id)."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.template.loader import render_to_string
+from django.utils import timezone
+
+from task_queue.models import OperatorAction, Task, TaskStatus
+from workflows.progress import progress_of, status_of
+
+from . import charts
+from .overview import Snapshot, worker_lines
+
+OVERVIEW = "dashboard/_overview_live.html"
+WORKERS = "dashboard/_workers_live.html"
+TASK = "dashboard/_task_live.html"
+
+User = AbstractBaseUser | AnonymousUser
+
+
+def overview_context(snapshot: Snapshot, *, can_pause: bool) -> dict[str, Any]:
+    return {
+        "snapshot": snapshot,
+        "can_pause": can_pause,
+        "throughput_chart": charts.per_minute_bars(
+            [(m, done) for m, done, _ in snapshot.minutes],
+            title="completed",
+            css_class="chart-done",
+        ),
+        "failure_chart": charts.per_minute_bars(
+            [(m, failed) for m, _, failed in snapshot.minutes],
+            title="failed or dead",
+            css_class="chart-failed",
+        ),
+    }
+
+
+def render_overview(snapshot: Snapshot, *, can_pause: bool) -> str:
+    return render_to_string(OVERVIEW, overview_context(snapshot, can_pause=can_pause))
+
+
+def workers_context() -> dict[str, Any]:
+    now = timezone.now()
+    return {"workers": worker_lines(now), "now": now}
+
+
+def render_workers() -> str:
+    return render_to_string(WORKERS, workers_context())
+
+
+def task_context(task: Task, user: User) -> dict[str, Any]:
+    """The task with its attempts, history, workflow and the actions ``user`` may take."""
+    history = list(task.history.all())
+    workflow_status = None
+    if task.workflow_id:
+        progress = progress_of([task.workflow_id])[task.workflow_id]
+        workflow_status = status_of(task.workflow, progress)
+    revivable = task.status in (TaskStatus.DEAD, TaskStatus.FAILED)
+    pending = task.status == TaskStatus.PENDING
+    return {
+        "task": task,
+        "history": history,
+        "attempts": [h for h in history if h.error or h.event == "completed"],
+        "workflow_status": workflow_status,
+        "actions": OperatorAction.objects.filter(task_ids__contains=[task.id])[:50],
+        "can_revive": revivable and user.has_perm("queue.revive_task"),
+        "can_edit": (revivable or pending) and user.has_perm("queue.revive_task"),
+        "can_run_now": pending
+        and task.available_at > timezone.now()
+        and user.has_perm("queue.revive_task"),
+        "can_cancel": task.status not in (TaskStatus.COMPLETED, TaskStatus.CANCELLED)
+        and task.cancel_requested_at is None
+        and user.has_perm("queue.cancel_task"),
+    }
+
+
+def load_task(task_id: UUID) -> Task | None:
+    return Task.objects.select_related("workflow").filter(id=task_id).first()
+
+
+def render_task(task: Task, user: User) -> str:
+    return render_to_string(TASK, task_context(task, user))

@@ -1,0 +1,128 @@
+"""The live hub: one per server process, feeding every open dashboard of that process.
+
+It does two things, whatever the number of open pages:
+
+- once a second, while someone watches the overview or the workers page, it takes
+  one snapshot (``overview.take_snapshot``), renders the fragment once per
+  permission variant and sends it to the ``overview`` group (and the workers
+  fragment to ``workers``);
+- it LISTENs on ``TASK_CHANGES_CHANNEL``, where a trigger on ``tasks`` reports every
+  status change, and tells the dead-letter pages which rows left the dead letter
+  and each task page that its task changed.
+
+Groups live in the process's in-memory channel layer: every server process runs its
+own hub against PostgreSQL, so no Redis (or other shared layer) is needed, with one
+process or many.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+import psycopg
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.db import connection
+
+from task_queue.models import REVIVABLE_STATUSES
+from task_queue.queries import TASK_CHANGES_CHANNEL
+
+from . import fragments
+from .overview import take_snapshot
+
+logger = logging.getLogger(__name__)
+
+OVERVIEW, WORKERS, DEAD_LETTER = "overview", "workers", "dead_letter"
+TICK_SECONDS = 1.0
+
+
+def task_group(task_id: str) -> str:
+    return f"task.{task_id}"
+
+
+class Hub:
+    def __init__(self) -> None:
+        self.watchers: Counter[str] = Counter()  # group → open sockets in this process
+        self.snapshots_taken = 0
+        self.listening = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def join(self, group: str) -> None:
+        self.watchers[group] += 1
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # first socket, or a new event loop (tests)
+            for task in self._tasks:
+                with contextlib.suppress(RuntimeError):  # its loop is closed already
+                    task.cancel()
+            self._loop = loop
+            self.listening = asyncio.Event()
+            self._tasks = [loop.create_task(self._tick()), loop.create_task(self._listen())]
+
+    def leave(self, group: str) -> None:
+        self.watchers[group] -= 1
+        if self.watchers[group] <= 0:
+            del self.watchers[group]
+
+    # ------------------------------------------------------------ once a second
+
+    async def _tick(self) -> None:
+        layer = get_channel_layer()
+        while True:
+            await asyncio.sleep(TICK_SECONDS - time.time() % TICK_SECONDS)
+            try:
+                if self.watchers[OVERVIEW]:
+                    variants = await database_sync_to_async(self._render_overview)()
+                    await layer.group_send(OVERVIEW, {"type": "overview.push", **variants})
+                if self.watchers[WORKERS]:
+                    html = await database_sync_to_async(fragments.render_workers)()
+                    await layer.group_send(WORKERS, {"type": "html.push", "html": html})
+            except Exception:
+                logger.exception("live update failed; trying again in a second")
+
+    def _render_overview(self) -> dict[str, Any]:
+        snapshot = take_snapshot()
+        self.snapshots_taken += 1
+        return {
+            "tick": self.snapshots_taken,
+            "with_pause": fragments.render_overview(snapshot, can_pause=True),
+            "without_pause": fragments.render_overview(snapshot, can_pause=False),
+        }
+
+    # ------------------------------------------------------------ task changes
+
+    async def _listen(self) -> None:
+        params = await database_sync_to_async(connection.get_connection_params)()
+        # Django's are for its own synchronous connections.
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(**params, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {TASK_CHANGES_CHANNEL}")
+                    self.listening.set()
+                    async for note in conn.notifies():
+                        await self._dispatch(json.loads(note.payload))
+            except Exception as error:  # the hub must outlive any one failure
+                self.listening.clear()
+                logger.warning("listening for task changes failed (%r); reconnecting", error)
+                await asyncio.sleep(1.0)
+
+    async def _dispatch(self, change: dict[str, Any]) -> None:
+        layer = get_channel_layer()
+        left = [task_id for task_id, status in change["tasks"] if status not in REVIVABLE_STATUSES]
+        if self.watchers[DEAD_LETTER] and left:
+            await layer.group_send(DEAD_LETTER, {"type": "rows.left", "ids": left})
+        for task_id, _ in change["tasks"]:
+            group = task_group(task_id)
+            if self.watchers[group]:
+                await layer.group_send(group, {"type": "task.changed", "id": task_id})
+
+
+hub = Hub()

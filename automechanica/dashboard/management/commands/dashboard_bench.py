@@ -1,0 +1,84 @@
+"""``manage.py dashboard_bench``: how long the dashboard's pages take to render on the
+current database (seed it first with ``seed_tasks`` to measure at scale)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.test import Client
+
+from automechanica.dashboard.overview import take_snapshot
+from task_queue import queries
+from task_queue.bench import machine_facts
+from task_queue.models import REVIVABLE_STATUSES, Task
+
+BENCH_USER = "dashboard-bench"
+
+
+class Command(BaseCommand):
+    help = "Time the overview, dead-letter and task pages (rendered in-process) and the snapshot."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--repeat", type=int, default=20, help="renders per page (20)")
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["repeat"] < 1:
+            raise CommandError("--repeat must be at least 1")
+        user, _ = User.objects.get_or_create(username=BENCH_USER, defaults={"is_staff": True})
+        client = Client()
+        client.force_login(user)
+        dead = Task.objects.filter(status__in=REVIVABLE_STATUSES).order_by("-finished_at").first()
+        pages = {
+            "overview /": "/",
+            "dead letter /dead-letter/": "/dead-letter/",
+            "dead letter, payload filter": "/dead-letter/?q=SKU-12",
+            "dead letter, agent + error class": (
+                "/dead-letter/?agent=FitmentAgent&error_class=TimeoutError"
+            ),
+        }
+        if dead:
+            pages["task page"] = f"/tasks/{dead.id}/"
+        results = {name: self._time(lambda p=path: _get(client, p), options["repeat"])
+                   for name, path in pages.items()}  # fmt: skip
+        results["live snapshot (once a second)"] = self._time(take_snapshot, options["repeat"])
+        report = {
+            "tasks_estimated": int(queries.estimated_table_rows()),
+            "repeat": options["repeat"],
+            "milliseconds": results,
+            "machine": machine_facts(),
+        }
+        if options["json"]:
+            self.stdout.write(json.dumps(report))
+            return
+        self.stdout.write(f"tasks in the table (planner's estimate): {report['tasks_estimated']:,}")
+        for name, figures in results.items():
+            self.stdout.write(
+                f"{name:38} p50 {figures['p50']:7.1f} ms   p95 {figures['p95']:7.1f} ms   "
+                f"max {figures['max']:7.1f} ms"
+            )
+
+    def _time(self, action, repeat: int) -> dict[str, float]:
+        action()  # warm: templates compiled, connection open
+        times = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            action()
+            times.append((time.perf_counter() - started) * 1000)
+        times.sort()
+        return {
+            "p50": statistics.median(times),
+            "p95": times[min(len(times) - 1, int(len(times) * 0.95))],
+            "max": times[-1],
+        }
+
+
+def _get(client: Client, path: str) -> None:
+    response = client.get(path)
+    if response.status_code != 200:
+        raise CommandError(f"GET {path} answered {response.status_code}")

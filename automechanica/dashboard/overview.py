@@ -1,0 +1,123 @@
+"""What the overview shows, read in one snapshot.
+
+At scale the tasks table is mostly finished tasks, so nothing here reads all of
+them: pending, held, dead and failed tasks are counted exactly through their partial
+indexes; completed and cancelled ones are counted exactly while the table is small
+and estimated from the planner's statistics once it is large; throughput, latency
+and the charts read only the last hour through ``tasks_finished_idx``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from agents_app import registry
+from task_queue import operations, queries
+from task_queue.models import PausedAgent, TaskStatus, Worker
+
+# Below this many rows (the planner's estimate) every status is counted exactly.
+EXACT_COUNT_BELOW_ROWS = 100_000
+ESTIMATED_STATUSES = (TaskStatus.COMPLETED, TaskStatus.CANCELLED)
+CHART_MINUTES = 60
+
+
+@dataclass
+class AgentLine:
+    name: str
+    counts: dict[str, int]
+    completed: tuple[int, int, int] = (0, 0, 0)  # last 1, 5, 15 minutes
+    failed: tuple[int, int, int] = (0, 0, 0)
+    queue_wait: tuple[float, float] | None = None  # p50, p95 (15 minutes)
+    run_time: tuple[float, float] | None = None
+    oldest_pending_seconds: float | None = None
+    paused: PausedAgent | None = None
+
+    @property
+    def error_rate(self) -> float | None:
+        """Failed or dead among the tasks that finished in the last 15 minutes."""
+        finished = self.completed[2] + self.failed[2]
+        return self.failed[2] / finished if finished else None
+
+    @property
+    def dead_letter(self) -> int:
+        return self.counts[TaskStatus.DEAD] + self.counts[TaskStatus.FAILED]
+
+
+@dataclass
+class WorkerLine:
+    worker: Worker
+    heartbeat_age: float
+    stale: bool
+
+
+@dataclass
+class Snapshot:
+    taken_at: datetime
+    agents: list[AgentLine]
+    workers: list[WorkerLine]
+    minutes: list[tuple[datetime, int, int]]  # (minute, completed, failed), oldest first
+    estimated: bool  # completed and cancelled counts are the planner's estimates
+    totals: dict[str, int] = field(default_factory=dict)
+
+
+def take_snapshot() -> Snapshot:
+    """Everything the overview shows: a handful of statements, each index-driven."""
+    names = sorted(registry.names())
+    zero = dict.fromkeys(TaskStatus.values, 0)
+    counts: dict[str, dict[str, int]] = {name: dict(zero) for name in names}
+    estimated = queries.estimated_table_rows() >= EXACT_COUNT_BELOW_ROWS
+    if estimated:
+        rows = queries.count_open_tasks() + [
+            row
+            for row in queries.estimate_tasks_by_agent_and_status()
+            if row[1] in ESTIMATED_STATUSES
+        ]
+    else:
+        rows = queries.count_tasks_by_agent_and_status()
+    for agent, status, n in rows:
+        counts.setdefault(agent, dict(zero))[status] = n
+    lines = {name: AgentLine(name, c) for name, c in sorted(counts.items())}
+    for activity in queries.recent_activity():
+        line = lines.setdefault(activity.agent_name, AgentLine(activity.agent_name, dict(zero)))
+        line.completed, line.failed = activity.completed, activity.failed
+        line.queue_wait = activity.queue_wait_seconds and activity.queue_wait_seconds[:2]
+        line.run_time = activity.run_seconds and activity.run_seconds[:2]
+    for name, age in queries.oldest_pending_age_by_agent(list(lines)).items():
+        lines[name].oldest_pending_seconds = age
+    for name, paused in operations.paused_agents().items():
+        if name in lines:
+            lines[name].paused = paused
+    now = timezone.now()
+    totals = dict(zero)
+    for line in lines.values():
+        for status, n in line.counts.items():
+            totals[status] += n
+    return Snapshot(
+        taken_at=now,
+        agents=list(lines.values()),
+        workers=worker_lines(now),
+        minutes=_minutes(now),
+        estimated=estimated,
+        totals=totals,
+    )
+
+
+def worker_lines(now: datetime) -> list[WorkerLine]:
+    """Live workers; stale ones have not heartbeaten for a lease's length."""
+    lines = []
+    for worker in Worker.objects.order_by("hostname", "pid"):
+        age = (now - worker.last_heartbeat_at).total_seconds()
+        lines.append(WorkerLine(worker, age, age > settings.QUEUE_LEASE_SECONDS))
+    return lines
+
+
+def _minutes(now: datetime) -> list[tuple[datetime, int, int]]:
+    """The last hour minute by minute, with the minutes that had nothing filled in."""
+    found = {minute: (done, failed) for minute, done, failed in queries.finished_per_minute()}
+    last = now.replace(second=0, microsecond=0)
+    minutes = [last - timedelta(minutes=m) for m in range(CHART_MINUTES - 1, -1, -1)]
+    return [(m, *found.get(m, (0, 0))) for m in minutes]

@@ -1,0 +1,36 @@
+from django.urls import path
+
+from . import views
+
+app_name = "dashboard"
+
+urlpatterns = [
+    path("", views.overview, name="overview"),
+    *(
+        path(
+            f"agents/<str:agent_name>/{action}/",
+            views.pause_or_resume,
+            {"action": action},
+            name=f"{action}_agent",
+        )
+        for action in ("pause", "resume")
+    ),
+    path("dead-letter/", views.dead_letter, name="dead_letter"),
+    path("dead-letter/confirm/", views.dead_letter_confirm, name="dead_letter_confirm"),
+    path("dead-letter/act/", views.dead_letter_act, name="dead_letter_act"),
+    path("tasks/<uuid:task_id>/", views.task_detail, name="task"),
+    path("tasks/<uuid:task_id>/edit/", views.task_edit, name="task_edit"),
+    *(
+        path(
+            f"tasks/<uuid:task_id>/{action.replace('_', '-')}/",
+            views.task_action,
+            {"action": action},
+            name=f"task_{action}",
+        )
+        for action in ("revive", "cancel", "run_now")
+    ),
+    path("workers/", views.workers, name="workers"),
+    path("workflows/", views.workflows, name="workflows"),
+    path("workflows/<uuid:workflow_id>/", views.workflow_detail, name="workflow"),
+    path("audit/", views.audit, name="audit"),
+]

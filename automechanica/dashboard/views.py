@@ -1,0 +1,255 @@
+"""The dashboard's pages and the operator actions they post.
+
+Every page needs a logged-in staff user (``staff_member_required`` sends others to
+the login page); every action also needs its own permission and answers 403
+without it, whatever the page showed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from uuid import UUID
+
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, QueryDict
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from agents_app import registry
+from task_queue import operations
+from task_queue.models import OperatorAction, Task, TaskStatus
+from workflows.models import Workflow
+from workflows.progress import progress_of, status_of
+
+from . import fragments
+from .deadletter import DeadLetterFilter
+from .overview import take_snapshot
+
+PAGE_SIZE = 50
+# Which permission each action needs.
+PERMISSIONS = {
+    "revive": "queue.revive_task",
+    "edit": "queue.revive_task",
+    "run_now": "queue.revive_task",
+    "cancel": "queue.cancel_task",
+    "pause": "queue.pause_agent",
+    "resume": "queue.pause_agent",
+}
+
+
+def _actor(request: HttpRequest) -> str:
+    return f"user:{request.user.get_username()}"
+
+
+def _require(request: HttpRequest, action: str) -> None:
+    if not request.user.has_perm(PERMISSIONS[action]):
+        raise PermissionDenied(f"{action} needs the {PERMISSIONS[action]} permission")
+
+
+# ---------------------------------------------------------------- overview
+
+
+@staff_member_required
+@require_GET
+def overview(request: HttpRequest) -> HttpResponse:
+    can_pause = request.user.has_perm(PERMISSIONS["pause"])
+    context = fragments.overview_context(take_snapshot(), can_pause=can_pause)
+    return render(request, "dashboard/overview.html", context)
+
+
+@staff_member_required
+@require_POST
+def pause_or_resume(request: HttpRequest, agent_name: str, action: str) -> HttpResponse:
+    """Pause or resume an agent's queue; answers with the refreshed overview fragment."""
+    _require(request, action)
+    if agent_name not in registry.names():
+        return HttpResponseBadRequest(f"unknown agent {agent_name!r}")
+    change = operations.pause_agent if action == "pause" else operations.resume_agent
+    change(agent_name, actor=_actor(request), source="dashboard")
+    return HttpResponse(fragments.render_overview(take_snapshot(), can_pause=True))
+
+
+# ---------------------------------------------------------------- dead letter
+
+
+@staff_member_required
+@require_GET
+def dead_letter(request: HttpRequest) -> HttpResponse:
+    form = DeadLetterFilter(request.GET or None)
+    page = Paginator(form.tasks(), PAGE_SIZE).get_page(request.GET.get("page"))
+    context = _dead_letter_context(request, form, page)
+    if request.htmx and request.htmx.target == "dead-letter-results":
+        return render(request, "dashboard/_dead_letter_results.html", context)
+    return render(request, "dashboard/dead_letter.html", context)
+
+
+def _dead_letter_context(request: HttpRequest, form: DeadLetterFilter, page) -> dict:
+    query = QueryDict(mutable=True)
+    query.update(form.as_record())
+    return {
+        "form": form,
+        "page": page,
+        "filter_query": query.urlencode(),
+        "filter_values": form.as_record(),
+        "can_revive": request.user.has_perm(PERMISSIONS["revive"]),
+        "can_cancel": request.user.has_perm(PERMISSIONS["cancel"]),
+    }
+
+
+@staff_member_required
+@require_GET
+def dead_letter_confirm(request: HttpRequest) -> HttpResponse:
+    """The confirmation of an action on every task the filter matches, with the count."""
+    action = request.GET.get("action")
+    if action not in ("revive", "cancel"):
+        return HttpResponseBadRequest("action must be revive or cancel")
+    _require(request, action)
+    form = DeadLetterFilter(request.GET)
+    return render(
+        request,
+        "dashboard/_dead_letter_confirm.html",
+        {"action": action, "count": form.tasks().count(), "filter_values": form.as_record()},
+    )
+
+
+@staff_member_required
+@require_POST
+def dead_letter_act(request: HttpRequest) -> HttpResponse:
+    """Revive or cancel the selected tasks (``ids``) or every one the filter matches
+    (``scope=all``); answers with the refreshed results."""
+    action = request.POST.get("action")
+    if action not in ("revive", "cancel"):
+        return HttpResponseBadRequest("action must be revive or cancel")
+    _require(request, action)
+    form = DeadLetterFilter(request.POST)
+    matched_filter = None
+    if request.POST.get("scope") == "all":
+        ids = list(form.tasks().values_list("id", flat=True))
+        matched_filter = form.as_record()
+    else:
+        try:
+            ids = [UUID(value) for value in request.POST.getlist("ids")]
+        except ValueError:
+            return HttpResponseBadRequest("ids must be task ids")
+    common = {"actor": _actor(request), "source": "dashboard", "matched_filter": matched_filter}
+    if action == "revive":
+        done = len(operations.revive(ids, **common))
+        messages.success(request, f"Revived {done} task(s).")
+    else:
+        done = len(operations.cancel(ids, **common))
+        messages.success(request, f"Cancelled {done} task(s).")
+    page = Paginator(form.tasks(), PAGE_SIZE).get_page(1)
+    context = _dead_letter_context(request, form, page)
+    return render(request, "dashboard/_dead_letter_results.html", context)
+
+
+# ---------------------------------------------------------------- tasks
+
+
+@staff_member_required
+@require_GET
+def task_detail(request: HttpRequest, task_id: UUID) -> HttpResponse:
+    task = fragments.load_task(task_id)
+    if task is None:
+        return render(request, "dashboard/not_found.html", {"what": "task"}, status=404)
+    return render(request, "dashboard/task.html", fragments.task_context(task, request.user))
+
+
+@staff_member_required
+@require_POST
+def task_action(request: HttpRequest, task_id: UUID, action: str) -> HttpResponse:
+    """Revive, run now or cancel one task; answers with the refreshed task fragment."""
+    _require(request, action)
+    task = get_object_or_404(Task, id=task_id)
+    actor = {"actor": _actor(request), "source": "dashboard"}
+    if action == "revive":
+        operations.revive([task.id], **actor)
+    elif action == "cancel":
+        operations.cancel([task.id], **actor)
+    else:
+        # If it started meanwhile, the fragment shows what it is now.
+        with contextlib.suppress(operations.TaskNotPending):
+            operations.run_now(task.id, **actor)
+    if not request.htmx:
+        return redirect("dashboard:task", task_id=task.id)
+    return HttpResponse(fragments.render_task(fragments.load_task(task.id), request.user))
+
+
+@staff_member_required
+def task_edit(request: HttpRequest, task_id: UUID) -> HttpResponse:
+    """Edit a dead or failed task's payload and revive it, or a pending task's payload."""
+    _require(request, "edit")
+    task = get_object_or_404(Task, id=task_id)
+    editable = task.status in (TaskStatus.DEAD, TaskStatus.FAILED, TaskStatus.PENDING)
+    text = json.dumps(task.payload, indent=2, ensure_ascii=False)
+    error = None
+    if request.method == "POST" and editable:
+        text = request.POST.get("payload", "")
+        try:
+            payload = json.loads(text)
+            actor = {"actor": _actor(request), "source": "dashboard"}
+            if task.status == TaskStatus.PENDING:
+                operations.update_pending(task.id, payload=payload, **actor)
+            elif not operations.revive([task.id], payload=payload, **actor):
+                raise ValueError("the task is no longer dead or failed")
+        except json.JSONDecodeError as bad:
+            error = f"Not valid JSON: {bad.msg} (line {bad.lineno}, column {bad.colno})"
+        except (operations.InvalidTask, operations.TaskNotPending, ValueError) as bad:
+            error = getattr(bad, "message", None) or str(bad)
+        else:
+            revived = task.status != TaskStatus.PENDING
+            messages.success(request, "Payload saved" + (" and task revived" if revived else ""))
+            return redirect("dashboard:task", task_id=task.id)
+    return render(
+        request,
+        "dashboard/task_edit.html",
+        {"task": task, "text": text, "error": error, "editable": editable},
+        status=422 if error else 200,
+    )
+
+
+# ---------------------------------------------------------------- workers, workflows, audit
+
+
+@staff_member_required
+@require_GET
+def workers(request: HttpRequest) -> HttpResponse:
+    return render(request, "dashboard/workers.html", fragments.workers_context())
+
+
+@staff_member_required
+@require_GET
+def workflows(request: HttpRequest) -> HttpResponse:
+    page = Paginator(Workflow.objects.all(), PAGE_SIZE).get_page(request.GET.get("page"))
+    progress = progress_of(w.id for w in page)
+    rows = [(w, progress[w.id], status_of(w, progress[w.id])) for w in page]
+    return render(request, "dashboard/workflows.html", {"page": page, "rows": rows})
+
+
+@staff_member_required
+@require_GET
+def workflow_detail(request: HttpRequest, workflow_id: UUID) -> HttpResponse:
+    workflow = get_object_or_404(Workflow, id=workflow_id)
+    progress = progress_of([workflow.id])[workflow.id]
+    tasks = workflow.tasks.order_by("created_at", "id")[:500]
+    return render(
+        request,
+        "dashboard/workflow.html",
+        {
+            "workflow": workflow,
+            "progress": progress,
+            "status": status_of(workflow, progress),
+            "tasks": tasks,
+        },
+    )
+
+
+@staff_member_required
+@require_GET
+def audit(request: HttpRequest) -> HttpResponse:
+    page = Paginator(OperatorAction.objects.all(), PAGE_SIZE).get_page(request.GET.get("page"))
+    return render(request, "dashboard/audit.html", {"page": page})

@@ -1,0 +1,232 @@
+"""The queue in the Django admin.
+
+Tasks are read here and changed only through actions (revive, cancel) that go
+through ``task_queue.operations``, so each change is fenced like the workers' and
+written to the audit log; the dashboard edits payloads the same way. Lists stay
+fast on a large table: newest first through ``tasks_created_idx``, filters offered
+from the agent registry rather than read with SELECT DISTINCT, and an estimated
+row count when nothing is filtered.
+"""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from django.contrib import admin, messages
+from django.core.paginator import Paginator
+from django.db.models import Q, QuerySet, TextField
+from django.db.models.functions import Cast
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.functional import cached_property
+from django.utils.html import format_html
+
+from agents_app import registry
+
+from . import operations, queries
+from .models import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    REVIVABLE_STATUSES,
+    DeadLetterTask,
+    OperatorAction,
+    PausedAgent,
+    Task,
+    TaskHistory,
+    TaskQueueMetric,
+    Worker,
+)
+
+# Below this many rows an unfiltered list is counted exactly.
+EXACT_COUNT_BELOW_ROWS = 100_000
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows written by the queue itself: viewable, never edited by hand."""
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+class EstimatedCountPaginator(Paginator):
+    """The planner's row estimate for an unfiltered list of a large tasks table."""
+
+    @cached_property
+    def count(self) -> int:
+        if not self.object_list.query.where:
+            estimate = queries.estimated_table_rows()
+            if estimate >= EXACT_COUNT_BELOW_ROWS:
+                return int(estimate)
+        return super().count
+
+
+class AgentFilter(admin.SimpleListFilter):
+    title = "agent"
+    parameter_name = "agent"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list:
+        return [(name, name) for name in registry.names()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        return queryset.filter(agent_name=self.value()) if self.value() else queryset
+
+
+class TaskTypeFilter(admin.SimpleListFilter):
+    title = "task type"
+    parameter_name = "task_type"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list:
+        types = {t for agent in registry.all_agents() for t in agent.task_types}
+        return [(t, t) for t in sorted(types)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        return queryset.filter(task_type=self.value()) if self.value() else queryset
+
+
+class PriorityFilter(admin.SimpleListFilter):
+    title = "priority"
+    parameter_name = "priority"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list:
+        return [(str(p), str(p)) for p in range(PRIORITY_MIN, PRIORITY_MAX + 1)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        return queryset.filter(priority=int(self.value())) if self.value() else queryset
+
+
+class TaskHistoryInline(admin.TabularInline):
+    model = TaskHistory
+    extra = 0
+    can_delete = False
+    fields = ["occurred_at", "event", "from_status", "to_status", "attempt", "actor", "error"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+MAIN_FIELDS = ["id", "agent_name", "task_type", "status", "priority", "workflow", "payload",
+               "result", "error_info"]  # fmt: skip
+LEASE_FIELDS = ["attempts", "max_attempts", "available_at", "lease_owner", "lease_token",
+                "lease_expires_at", "cancel_requested_at"]  # fmt: skip
+TIME_FIELDS = ["idempotency_key", "trace_id", "created_at", "started_at", "finished_at",
+               "updated_at"]  # fmt: skip
+
+
+@admin.register(Task)
+class TaskAdmin(ReadOnlyAdmin):
+    list_display = ["short_id", "agent_name", "task_type", "status", "priority", "attempts",
+                    "created_at", "finished_at", "dashboard_link"]  # fmt: skip
+    list_filter = ["status", AgentFilter, TaskTypeFilter, PriorityFilter]
+    search_help_text = "A task id, a task type, or text in the payload."
+    search_fields = ["task_type"]  # see get_search_results
+    ordering = ["-created_at", "-id"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    inlines = [TaskHistoryInline]
+    actions = ["revive", "cancel"]
+    # Every field is read-only; the lease fields in particular are the workers' alone.
+    fieldsets = [
+        (None, {"fields": MAIN_FIELDS}),
+        ("Attempts and lease", {"fields": LEASE_FIELDS}),
+        ("Identity and times", {"fields": TIME_FIELDS}),
+    ]
+
+    @admin.display(description="id")
+    def short_id(self, task: Task) -> str:
+        return str(task.id)[:8]
+
+    @admin.display(description="dashboard")
+    def dashboard_link(self, task: Task) -> str:
+        return format_html('<a href="{}">open</a>', reverse("dashboard:task", args=[task.id]))
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        try:
+            return queryset.filter(id=UUID(term)), False
+        except ValueError:
+            pass
+        payload_text = Cast("payload", TextField())
+        matches = queryset.annotate(payload_text=payload_text).filter(
+            Q(task_type__icontains=term) | Q(payload_text__icontains=term)
+        )
+        return matches, False
+
+    def has_revive_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("queue.revive_task")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("queue.cancel_task")
+
+    @admin.action(description="Revive the selected dead or failed tasks", permissions=["revive"])
+    def revive(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
+        ids = list(queryset.filter(status__in=REVIVABLE_STATUSES).values_list("id", flat=True))
+        done = operations.revive(ids, actor=_actor(request), source="admin")
+        self.message_user(request, f"Revived {len(done)} task(s).", messages.SUCCESS)
+
+    @admin.action(description="Cancel the selected tasks", permissions=["cancel"])
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
+        ids = list(queryset.values_list("id", flat=True))
+        outcome = operations.cancel(ids, actor=_actor(request), source="admin")
+        self.message_user(request, f"Cancelled {len(outcome)} task(s).", messages.SUCCESS)
+
+
+@admin.register(DeadLetterTask)
+class DeadLetterTaskAdmin(TaskAdmin):
+    list_display = ["short_id", "agent_name", "task_type", "status", "error_type", "attempts",
+                    "finished_at", "dashboard_link"]  # fmt: skip
+    list_filter = ["status", AgentFilter, TaskTypeFilter]
+    ordering = ["-finished_at", "-id"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).filter(status__in=REVIVABLE_STATUSES)
+
+    @admin.display(description="error")
+    def error_type(self, task: Task) -> str:
+        return (task.error_info or {}).get("type", "")
+
+
+@admin.register(Worker)
+class WorkerAdmin(ReadOnlyAdmin):
+    list_display = ["worker_id", "hostname", "pid", "agents", "concurrency", "in_flight",
+                    "memory_bytes", "last_heartbeat_at"]  # fmt: skip
+
+
+@admin.register(TaskQueueMetric)
+class TaskQueueMetricAdmin(ReadOnlyAdmin):
+    list_display = ["bucket_start", "bucket_seconds", "agent_name", "tasks_created",
+                    "tasks_completed", "tasks_failed", "tasks_dead", "average_latency"]  # fmt: skip
+    list_filter = [AgentFilter, "bucket_seconds"]
+    ordering = ["-bucket_start"]
+
+
+@admin.register(OperatorAction)
+class OperatorActionAdmin(ReadOnlyAdmin):
+    list_display = ["occurred_at", "actor", "action", "source", "agent_name", "task_count"]
+    list_filter = ["action", "source"]
+    search_fields = ["actor"]
+
+    @admin.display(description="tasks")
+    def task_count(self, action: OperatorAction) -> int:
+        return len(action.task_ids)
+
+
+@admin.register(PausedAgent)
+class PausedAgentAdmin(ReadOnlyAdmin):
+    """Paused agents are listed here; pausing and resuming is on the dashboard's overview."""
+
+    list_display = ["agent_name", "paused_by", "paused_at"]
+
+
+def _actor(request: HttpRequest) -> str:
+    return f"user:{request.user.get_username()}"

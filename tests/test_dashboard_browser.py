@@ -1,0 +1,223 @@
+"""The dashboard in a real browser (Debian's Chromium through Playwright), against a
+real daphne and real worker processes. Every page visited is saved as a screenshot
+in var/screenshots/."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from uuid import UUID
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.db import connection
+
+from task_queue import operations
+from task_queue.models import Task, TaskStatus
+from tests.conftest import wait_for
+from tests.support.browser import SCREENSHOTS, needs_chromium
+from tests.support.queue import fail_pending
+
+PASSWORD = "a long test password"
+
+pytestmark = [
+    pytest.mark.slow,
+    needs_chromium,
+]
+
+
+def db(function, *args: Any, **kwargs: Any) -> Any:
+    """Run ORM code off Playwright's thread (Django refuses it inside an event loop)."""
+
+    def run() -> Any:
+        try:
+            return function(*args, **kwargs)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(run).result()
+
+
+def status(task_id: UUID) -> str:
+    return db(lambda: Task.objects.get(id=task_id).status)
+
+
+@pytest.fixture
+def users(transactional_db) -> None:
+    operator = User.objects.create_user("operator", password=PASSWORD, is_staff=True)
+    operator.user_permissions.add(
+        *Permission.objects.filter(
+            content_type__app_label="queue",
+            codename__in=["revive_task", "cancel_task", "pause_agent"],
+        )
+    )
+    User.objects.create_user("viewer", password=PASSWORD, is_staff=True)
+
+
+def log_in(browser, server, username: str, path: str = "/"):
+    page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    page.goto(f"{server.url}/admin/login/?next={path}")
+    page.fill("#id_username", username)
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_url(f"**{path}")
+    return page
+
+
+def live(page) -> None:
+    page.wait_for_selector(".live-badge.live", timeout=10_000)
+
+
+def shot(page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / f"dashboard-{name}.png", full_page=True)
+
+
+def count(page, agent: str, column: str) -> str:
+    return page.inner_text(f'tr[data-agent="{agent}"] [data-count="{column}"]')
+
+
+def test_overview_counts_move_while_a_worker_completes_tasks(
+    users, live_servers, worker_processes, browser
+):
+    server = live_servers()
+    worker = db(lambda: worker_processes("EchoAgent").wait_ready())
+    page = log_in(browser, server, "operator")
+    live(page)
+    page.evaluate("window.notReloaded = true")
+    assert count(page, "EchoAgent", "completed") == "0"
+
+    ids = db(lambda: [operations.enqueue("EchoAgent", "echo", {"i": i}).id for i in range(5)])
+    page.wait_for_function(
+        """() => document.querySelector('tr[data-agent="EchoAgent"] [data-count="completed"]')
+                 .textContent.trim() === "5" """,
+        timeout=15_000,
+    )
+    assert page.evaluate("window.notReloaded") is True  # pushed, not reloaded
+    assert all(status(i) == TaskStatus.COMPLETED for i in ids)
+    assert f">{worker.pid}<" in page.inner_html("#overview-live")  # the workers table
+    shot(page, "overview")
+
+    # Pause from the overview: the queue holds while paused, and drains once resumed.
+    page.click('tr[data-agent="EchoAgent"] button:has-text("Pause")')
+    page.wait_for_selector('tr[data-agent="EchoAgent"] .tag:has-text("paused")')
+    held = db(lambda: operations.enqueue("EchoAgent", "echo", {}).id)
+    page.wait_for_function(
+        """() => document.querySelector('tr[data-agent="EchoAgent"] [data-count="pending"]')
+                 .textContent.trim() === "1" """,
+        timeout=10_000,
+    )
+    shot(page, "overview-paused")
+    assert status(held) == TaskStatus.PENDING
+    page.click('tr[data-agent="EchoAgent"] button:has-text("Resume")')
+    wait_for(lambda: status(held) == TaskStatus.COMPLETED, what="the resumed queue")
+
+    # The socket comes back by itself after a server restart.
+    server.restart()
+    page.wait_for_selector(".live-badge.down", timeout=10_000)
+    live(page)
+    db(lambda: operations.enqueue("EchoAgent", "echo", {}))
+    page.wait_for_function(
+        """() => document.querySelector('tr[data-agent="EchoAgent"] [data-count="completed"]')
+                 .textContent.trim() === "7" """,
+        timeout=20_000,
+    )
+    assert page.evaluate("window.notReloaded") is True
+
+
+def make_failed(payloads: list[dict]) -> list[UUID]:
+    """Tasks that failed permanently (no worker runs while they are made)."""
+    ids = [operations.enqueue("EchoAgent", "echo", payload).id for payload in payloads]
+    fail_pending("EchoAgent", retryable=False)
+    return ids
+
+
+def test_revive_and_edit_from_the_dead_letter(users, live_servers, worker_processes, browser):
+    server = live_servers()
+    plain, other, to_edit = db(make_failed, [{"n": 1}, {"n": 2}, {"fail": "permanent"}])
+    db(lambda: worker_processes("EchoAgent").wait_ready())
+    page = log_in(browser, server, "operator", "/dead-letter/")
+    elsewhere = log_in(browser, server, "viewer", "/dead-letter/")
+    live(page)
+    live(elsewhere)
+    shot(page, "dead-letter")
+
+    # Revive one: it leaves both browsers' lists without a reload, and completes.
+    page.click(f'#dl-{plain} button[data-action="revive"]')
+    page.wait_for_selector(f"#dl-{plain}", state="detached")
+    elsewhere.wait_for_selector(f"#dl-{plain}", state="detached", timeout=5_000)
+    wait_for(lambda: status(plain) == TaskStatus.COMPLETED, what="the revived task")
+
+    # Revived from the other browser (through the API's operation): leaves this one live.
+    db(operations.revive, [other], actor="token:elsewhere", source="api")
+    page.wait_for_selector(f"#dl-{other}", state="detached", timeout=5_000)
+
+    # Edit the payload, with a mistake first, then revive; watch the task complete.
+    page.goto(f"{server.url}/tasks/{to_edit}/")
+    shot(page, "task-failed")
+    page.click('[data-action="edit"]')
+    page.fill("#payload", '{"fixed": true,')
+    page.click('[data-action="save"]')
+    page.wait_for_selector("[data-error]")
+    shot(page, "task-edit-error")
+    assert status(to_edit) == TaskStatus.FAILED
+    page.fill("#payload", json.dumps({"fixed": True}))
+    page.click('[data-action="save"]')
+    page.wait_for_url(f"**/tasks/{to_edit}/")
+    live(page)
+    page.wait_for_selector('#task-live[data-status="completed"]', timeout=15_000)
+    assert '"fixed": true' in page.inner_text("#task-live")
+    assert "Edit payload and revive" in page.inner_text("#task-live")  # operator actions
+    shot(page, "task-completed")
+
+    for path, name in [("/audit/", "audit"), ("/workers/", "workers"),
+                       ("/workflows/", "workflows")]:  # fmt: skip
+        page.goto(server.url + path)
+        page.wait_for_load_state()
+        shot(page, name)
+    page.goto(server.url + "/audit/")
+    audit = page.inner_text("main")
+    assert "user:operator" in audit and '+  "fixed": true' in audit
+
+
+def test_without_the_permission_no_button_and_a_forged_post_is_refused(
+    users, live_servers, browser
+):
+    server = live_servers()
+    (task_id,) = db(make_failed, [{"n": 1}])
+    page = log_in(browser, server, "viewer", "/dead-letter/")
+    assert page.locator(f"#dl-{task_id}").count() == 1
+    assert page.locator('[data-action="revive"], [data-bulk]').count() == 0
+    shot(page, "dead-letter-viewer")
+    page.goto(f"{server.url}/tasks/{task_id}/")
+    assert page.locator('[data-action="revive"], [data-action="edit"]').count() == 0
+
+    # The same request the operator's button sends, forged with a valid CSRF token.
+    token = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
+    for path in [f"/tasks/{task_id}/revive/", "/dead-letter/act/"]:
+        response = page.request.post(
+            server.url + path,
+            form={"action": "revive", "ids": str(task_id)},
+            headers={"X-CSRFToken": token, "Referer": server.url + "/dead-letter/"},
+        )
+        assert response.status == 403, path
+    assert status(task_id) == TaskStatus.FAILED
+
+
+def test_a_websocket_without_a_session_is_refused(users, live_servers, browser):
+    server = live_servers()
+    page = browser.new_page()
+    page.goto(server.url + "/admin/login/")  # same origin, not logged in
+    outcome = page.evaluate(
+        """(url) => new Promise((resolve) => {
+            const socket = new WebSocket(url);
+            socket.onopen = () => resolve("open");
+            socket.onclose = (event) => resolve("closed " + event.code);
+        })""",
+        server.url.replace("http", "ws") + "/ws/overview/",
+    )
+    assert outcome == "closed 1006"  # the handshake was refused (403)
+    page.goto(server.url + "/")
+    assert "/admin/login/" in page.url  # and the page itself asks for a login

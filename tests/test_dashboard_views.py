@@ -1,0 +1,269 @@
+"""The dashboard's pages and actions through Django's test client, on the real database:
+who may see and do what, what each action changes, and what the audit log keeps."""
+
+from __future__ import annotations
+
+import json
+from uuid import UUID
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.urls import reverse
+
+from task_queue import operations
+from task_queue.models import OperatorAction, PausedAgent, Task, TaskHistory, TaskStatus
+from tests.support.queue import complete_pending, fail_pending
+
+pytestmark = pytest.mark.django_db
+
+PAGES = ["/", "/dead-letter/", "/workers/", "/workflows/", "/audit/"]
+
+
+def staff(*perms: str, username: str = "ops") -> Client:
+    user = User.objects.create_user(username, password="pw", is_staff=True)
+    for perm in perms:
+        app_label, codename = perm.split(".")
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label=app_label, codename=codename)
+        )
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+OPERATOR = ("queue.revive_task", "queue.cancel_task", "queue.pause_agent")
+
+
+def dead_task(payload: dict | None = None) -> UUID:
+    task_id = operations.enqueue("EchoAgent", "echo", payload or {"n": 1}).id
+    fail_pending("EchoAgent", retryable=False)
+    assert Task.objects.get(id=task_id).status == TaskStatus.FAILED
+    return task_id
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_pages_need_a_staff_session(path):
+    assert Client().get(path).status_code == 302  # to the login page
+    User.objects.create_user("user", password="pw", is_staff=False)
+    client = Client()
+    client.login(username="user", password="pw")
+    response = client.get(path)
+    assert response.status_code == 302 and "/admin/login/" in response["Location"]
+    assert staff().get(path).status_code == 200
+
+
+def test_task_page_shows_attempts_errors_and_workflow():
+    task_id = dead_task()
+    page = staff().get(f"/tasks/{task_id}/").content.decode()
+    assert "failed" in page and "Boom" in page and "Traceback" in page
+    assert staff(username="other").get(f"/tasks/{UUID(int=1)}/").status_code == 404
+
+
+def test_overview_shows_counts_throughput_and_workers():
+    operations.enqueue("EchoAgent", "echo", {})
+    operations.enqueue("EchoAgent", "echo", {})
+    complete_pending("EchoAgent")
+    dead_task()
+    page = staff().get("/").content.decode()
+    row = page[page.index('data-agent="EchoAgent"') :]
+    row = row[: row.index("</tr>")]
+    assert '<td data-count="completed">2</td>' in row
+    assert ">1</a>" in row  # the dead-letter count links to the filtered dead letter
+    assert "33.3 %" in row  # 1 of 3 finished tasks failed
+
+
+def test_a_staff_user_without_permissions_sees_no_action_and_a_forged_post_is_refused():
+    task_id = dead_task()
+    viewer = staff()
+    page = viewer.get("/dead-letter/").content.decode()
+    assert str(task_id) in page
+    assert 'data-action="revive"' not in page and 'data-action="cancel"' not in page
+    assert 'data-action="revive"' not in viewer.get(f"/tasks/{task_id}/").content.decode()
+    assert "Pause</button>" not in viewer.get("/").content.decode()
+
+    forged = [
+        ("/dead-letter/act/", {"action": "revive", "ids": [str(task_id)]}),
+        ("/dead-letter/act/", {"action": "cancel", "ids": [str(task_id)]}),
+        ("/dead-letter/act/", {"action": "revive", "scope": "all"}),
+        (f"/tasks/{task_id}/revive/", {}),
+        (f"/tasks/{task_id}/cancel/", {}),
+        (f"/tasks/{task_id}/run-now/", {}),
+        (f"/tasks/{task_id}/edit/", {"payload": "{}"}),
+        ("/agents/EchoAgent/pause/", {}),
+        ("/agents/EchoAgent/resume/", {}),
+    ]
+    for path, data in forged:
+        assert viewer.post(path, data).status_code == 403, path
+    assert viewer.get(f"/tasks/{task_id}/edit/").status_code == 403
+    assert Task.objects.get(id=task_id).status == TaskStatus.FAILED
+    assert not OperatorAction.objects.exists() and not PausedAgent.objects.exists()
+
+
+def test_each_permission_allows_only_its_own_actions():
+    task_id = dead_task()
+    reviver = staff("queue.revive_task")
+    assert reviver.post(f"/tasks/{task_id}/cancel/").status_code == 403
+    assert reviver.post("/agents/EchoAgent/pause/").status_code == 403
+    assert reviver.post(f"/tasks/{task_id}/revive/").status_code == 302
+    assert Task.objects.get(id=task_id).status == TaskStatus.PENDING
+
+
+def test_revive_from_the_dead_letter_is_audited():
+    first, second, untouched = dead_task(), dead_task(), dead_task()
+    client = staff(*OPERATOR)
+    response = client.post(
+        "/dead-letter/act/", {"action": "revive", "ids": [str(first), str(second)]}
+    )
+    assert response.status_code == 200
+    assert "Revived 2 task(s)." in response.content.decode()
+    statuses = dict(Task.objects.values_list("id", "status"))
+    assert (statuses[first], statuses[second], statuses[untouched]) == (
+        "pending", "pending", "failed",
+    )  # fmt: skip
+    action = OperatorAction.objects.get()
+    assert (action.actor, action.action, action.source) == ("user:ops", "revive", "dashboard")
+    assert sorted(action.task_ids) == sorted([first, second])
+    page = client.get(f"/tasks/{first}/").content.decode()
+    assert "user:ops" in page and "Revive" in page
+    assert "user:ops" in client.get("/audit/").content.decode()
+
+
+def test_revive_all_matching_confirms_the_count_and_records_the_filter():
+    marked = [dead_task({"supplier": "acme", "i": i}) for i in range(3)]
+    other = dead_task({"supplier": "globex"})
+    client = staff(*OPERATOR)
+    confirm = client.get("/dead-letter/confirm/", {"action": "revive", "q": "acme"})
+    assert b"data-confirm-count>3<" in confirm.content
+    response = client.post("/dead-letter/act/", {"action": "revive", "scope": "all", "q": "acme"})
+    assert "Revived 3 task(s)." in response.content.decode()
+    assert set(Task.objects.filter(status="pending").values_list("id", flat=True)) == set(marked)
+    assert Task.objects.get(id=other).status == TaskStatus.FAILED
+    action = OperatorAction.objects.get()
+    assert action.matched_filter == {"q": "acme"} and len(action.task_ids) == 3
+
+
+def test_dead_letter_filters():
+    echo = dead_task({"colour": "teal"})
+    fail_pending("EchoAgent", retryable=False)
+    client = staff()
+
+    def shown(**query) -> bool:
+        return str(echo) in client.get("/dead-letter/", query).content.decode()
+
+    assert shown() and shown(agent="EchoAgent") and shown(task_type="echo")
+    assert shown(error_class="Boom") and shown(q="teal")
+    assert not shown(agent="FitmentAgent") and not shown(error_class="KeyError")
+    assert not shown(q="magenta") and not shown(since="2999-01-01T00:00")
+    assert shown(until="2999-01-01T00:00")
+
+
+def test_edit_payload_and_revive_records_a_diff():
+    task_id = dead_task({"sku": "rtr-1", "position": "middle"})
+    client = staff(*OPERATOR)
+    bad = client.post(f"/tasks/{task_id}/edit/", {"payload": '{"sku": '})
+    assert bad.status_code == 422 and b"Not valid JSON" in bad.content
+    not_object = client.post(f"/tasks/{task_id}/edit/", {"payload": "[1, 2]"})
+    assert not_object.status_code == 422 and b"must be a JSON object" in not_object.content
+    assert Task.objects.get(id=task_id).status == TaskStatus.FAILED  # nothing half-done
+
+    fixed = json.dumps({"sku": "rtr-1", "position": "front"})
+    assert client.post(f"/tasks/{task_id}/edit/", {"payload": fixed}).status_code == 302
+    task = Task.objects.get(id=task_id)
+    assert (task.status, task.payload) == ("pending", {"sku": "rtr-1", "position": "front"})
+    action = OperatorAction.objects.get()
+    assert action.action == "edit_and_revive"
+    diff = action.changes["payload"]["diff"][str(task_id)]
+    assert '-  "position": "middle",' in diff and '+  "position": "front",' in diff
+    assert "position" in client.get("/audit/").content.decode()
+
+
+def test_run_now_and_cancel_a_pending_task():
+    task_id = operations.enqueue("EchoAgent", "echo", {}, delay_seconds=3600).id
+    client = staff(*OPERATOR)
+    assert b'data-action="run_now"' in client.get(f"/tasks/{task_id}/").content
+    response = client.post(f"/tasks/{task_id}/run-now/", HTTP_HX_REQUEST="true")
+    assert response.status_code == 200 and b'data-action="run_now"' not in response.content
+    assert complete_pending("EchoAgent") == [task_id]  # due now
+
+    waiting = operations.enqueue("EchoAgent", "echo", {}).id
+    client.post(f"/tasks/{waiting}/cancel/")
+    assert Task.objects.get(id=waiting).status == TaskStatus.CANCELLED
+    assert list(OperatorAction.objects.order_by("id").values_list("action", flat=True)) == [
+        "run_now", "cancel",
+    ]  # fmt: skip
+
+
+def test_cancel_a_dead_task_takes_it_out_of_the_dead_letter():
+    task_id = dead_task()
+    staff(*OPERATOR).post("/dead-letter/act/", {"action": "cancel", "ids": [str(task_id)]})
+    assert Task.objects.get(id=task_id).status == TaskStatus.CANCELLED
+    history = TaskHistory.objects.filter(task_id=task_id).order_by("id").last()
+    assert (history.event, history.from_status, history.actor) == (
+        "cancelled",
+        "failed",
+        "user:ops",
+    )
+
+
+def test_pause_and_resume_are_audited_and_shown():
+    client = staff(*OPERATOR)
+    response = client.post("/agents/EchoAgent/pause/", HTTP_HX_REQUEST="true")
+    assert response.status_code == 200 and b"Resume</button>" in response.content
+    assert PausedAgent.objects.get().paused_by == "user:ops"
+    assert client.post("/agents/NoSuchAgent/pause/").status_code == 400
+    client.post("/agents/EchoAgent/resume/")
+    assert not PausedAgent.objects.exists()
+    assert list(OperatorAction.objects.order_by("id").values_list("action", "agent_name")) == [
+        ("pause", "EchoAgent"), ("resume", "EchoAgent"),
+    ]  # fmt: skip
+
+
+def test_api_actions_are_audited_too():
+    task_id = dead_task()
+    operations.revive([task_id], actor="token:orchestrator", source="api")
+    action = OperatorAction.objects.get()
+    assert (action.actor, action.source, action.task_ids) == (
+        "token:orchestrator",
+        "api",
+        [task_id],
+    )
+
+
+def test_admin_lists_and_actions():
+    task_id = dead_task()
+    admin = User.objects.create_superuser("root", "", "pw")
+    client = Client()
+    client.force_login(admin)
+    for model in ["task", "deadlettertask", "worker", "taskqueuemetric", "operatoraction",
+                  "pausedagent"]:  # fmt: skip
+        assert client.get(reverse(f"admin:queue_{model}_changelist")).status_code == 200, model
+    others = ["workflows_workflow", "agents_app_agentevent", "agents_app_embeddingjob",
+              "api_apitoken"]  # fmt: skip
+    for path in [f"admin:{name}_changelist" for name in others]:
+        assert client.get(reverse(path)).status_code == 200, path
+    assert client.get(reverse("admin:queue_task_change", args=[task_id])).status_code == 200
+    search = client.get(reverse("admin:queue_task_changelist"), {"q": str(task_id)})
+    assert str(task_id)[:8] in search.content.decode()
+    response = client.post(
+        reverse("admin:queue_deadlettertask_changelist"),
+        {"action": "revive", "_selected_action": [str(task_id)]},
+        follow=True,
+    )
+    assert "Revived 1 task(s)." in response.content.decode()
+    assert OperatorAction.objects.get().source == "admin"
+
+
+def test_admin_offers_no_revive_action_without_the_permission():
+    task_id = dead_task()
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_deadlettertask"))
+    client = Client()
+    client.force_login(user)
+    page = client.get(reverse("admin:queue_deadlettertask_changelist")).content.decode()
+    assert str(task_id)[:8] in page and 'value="revive"' not in page
+    client.post(
+        reverse("admin:queue_deadlettertask_changelist"),
+        {"action": "revive", "_selected_action": [str(task_id)]},
+    )
+    assert Task.objects.get(id=task_id).status == TaskStatus.FAILED

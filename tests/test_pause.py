@@ -1,0 +1,54 @@
+"""Pausing an agent's queue, with a real worker process."""
+
+from __future__ import annotations
+
+import pytest
+
+from task_queue import operations, queries
+from task_queue.models import Task, TaskStatus, Worker
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def status(task_id) -> str:
+    return Task.objects.get(id=task_id).status
+
+
+def test_claims_skip_a_paused_agent_and_its_due_time():
+    paused = operations.enqueue("EchoAgent", "echo", {}).id
+    operations.pause_agent("EchoAgent", actor="user:test")
+    assert (
+        queries.claim_tasks(owner="t:1", agents=["EchoAgent"], limit=10, lease_seconds=30, now=None)
+        == []
+    )
+    assert queries.next_due_at(["EchoAgent"]) is None  # the worker sleeps instead of spinning
+    operations.resume_agent("EchoAgent", actor="user:test")
+    claimed = queries.claim_tasks(
+        owner="t:1", agents=["EchoAgent"], limit=10, lease_seconds=30, now=None
+    )
+    assert [task.id for task in claimed] == [paused]
+
+
+@pytest.mark.slow
+def test_a_worker_stops_leasing_a_paused_agent_and_resumes_when_woken(worker_processes):
+    # A long poll: after the resume only the notification can wake the worker in time.
+    worker = worker_processes("EchoAgent", "--lease", "1.5", "--poll", "60")
+    worker.wait_ready()
+    before = operations.enqueue("EchoAgent", "echo", {}).id
+    wait_for(lambda: status(before) == TaskStatus.COMPLETED, what="a task before the pause")
+
+    operations.pause_agent("EchoAgent", actor="user:test")
+    held_back = operations.enqueue("EchoAgent", "echo", {}).id
+    # The enqueue woke the worker; let it heartbeat twice more (a heartbeat every 0.5 s)
+    # with the task due all along.
+    for _ in range(2):
+        seen = Worker.objects.get(pid=worker.pid).last_heartbeat_at
+        wait_for(
+            lambda seen=seen: Worker.objects.get(pid=worker.pid).last_heartbeat_at > seen,
+            what="a heartbeat",
+        )
+    assert status(held_back) == TaskStatus.PENDING
+
+    operations.resume_agent("EchoAgent", actor="user:test")
+    wait_for(lambda: status(held_back) == TaskStatus.COMPLETED, timeout=20, what="the resume")
