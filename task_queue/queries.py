@@ -904,9 +904,12 @@ FROM (
                 WHEN r < %(pending)s + %(dead)s + %(failed)s THEN 'failed'
                 WHEN r < %(pending)s + %(dead)s + %(failed)s + %(cancelled)s THEN 'cancelled'
                 ELSE 'completed' END AS status,
-           now() - random() * make_interval(days => %(days)s) AS created
-    FROM generate_series(%(start)s, %(start)s + %(count)s - 1) AS n,
-         LATERAL (SELECT random() AS r) AS roll
+           now() - roll.t * make_interval(days => %(days)s) AS created
+    FROM (
+        -- Two draws per row (volatile, so this subquery is not flattened).
+        SELECT n, random() AS r, random() AS t
+        FROM generate_series(%(start)s, %(start)s + %(count)s - 1) AS n
+    ) AS roll
 ) AS seeded
 """
 

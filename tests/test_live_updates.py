@@ -115,3 +115,26 @@ def test_a_task_page_follows_its_task():
     first, last = async_to_sync(watch)()
     assert 'data-status="pending"' in first
     assert 'data-status="completed"' in last and "&quot;ok&quot;: true" in last
+
+
+def test_a_workflow_page_follows_its_progress():
+    from workflows.models import Workflow
+
+    cookie = session_cookie()
+    workflow = Workflow.objects.create(name="onboarding")
+    operations.enqueue("EchoAgent", "echo", {}, workflow_id=workflow.id)
+
+    async def watch() -> tuple[str, str]:
+        communicator = socket(f"/ws/workflows/{workflow.id}/", cookie)
+        assert (await communicator.connect())[0]
+        first = await communicator.receive_from(timeout=5)
+        await sync_to_async(complete_pending)("EchoAgent")
+        last = first
+        while "wf-completed" not in last:
+            last = await communicator.receive_from(timeout=5)
+        await communicator.disconnect()
+        return first, last
+
+    first, last = async_to_sync(watch)()
+    assert 'id="workflow-live"' in first and "wf-running" in first
+    assert "completed 1" in last

@@ -15,7 +15,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.utils.html import format_html_join
 
 from . import fragments
-from .live import hub, task_group
+from .live import hub, task_group, workflow_group
 
 
 class LiveConsumer(AsyncWebsocketConsumer):
@@ -25,8 +25,10 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self.close()  # before accept(): the handshake is answered 403
             return
         page = self.scope["url_route"]["kwargs"]["page"]
-        self.task_id = self.scope["url_route"]["kwargs"].get("task_id")
-        self.group = task_group(str(self.task_id)) if page == "task" else page
+        groups = {"task": task_group, "workflow": workflow_group}
+        object_id = self.scope["url_route"]["kwargs"].get("object_id")
+        self.group = groups[page](str(object_id)) if page in groups else page
+        self.task_id = object_id if page == "task" else None
         self.can_pause = await database_sync_to_async(user.has_perm)("queue.pause_agent")
         await self.channel_layer.group_add(self.group, self.channel_name)
         hub.join(self.group)

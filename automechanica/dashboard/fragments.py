@@ -7,10 +7,12 @@ from typing import Any
 from uuid import UUID
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.core.paginator import Paginator
 from django.template.loader import render_to_string
 from django.utils import timezone
 
 from task_queue.models import OperatorAction, Task, TaskStatus
+from workflows.models import Workflow
 from workflows.progress import progress_of, status_of
 
 from . import charts
@@ -19,6 +21,10 @@ from .overview import Snapshot, worker_lines
 OVERVIEW = "dashboard/_overview_live.html"
 WORKERS = "dashboard/_workers_live.html"
 TASK = "dashboard/_task_live.html"
+WORKFLOWS = "dashboard/_workflows_live.html"
+WORKFLOW = "dashboard/_workflow_live.html"
+WORKFLOWS_PAGE_SIZE = 50
+WORKFLOW_TASKS_SHOWN = 500
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -85,3 +91,30 @@ def load_task(task_id: UUID) -> Task | None:
 
 def render_task(task: Task, user: User) -> str:
     return render_to_string(TASK, task_context(task, user))
+
+
+def workflows_context(page_number: Any = 1) -> dict[str, Any]:
+    """A page of workflows, newest first, each with its progress and status."""
+    page = Paginator(Workflow.objects.all(), WORKFLOWS_PAGE_SIZE).get_page(page_number)
+    progress = progress_of(w.id for w in page)
+    rows = [(w, progress[w.id], status_of(w, progress[w.id])) for w in page]
+    return {"page": page, "rows": rows}
+
+
+def render_workflows() -> str:
+    return render_to_string(WORKFLOWS, workflows_context())
+
+
+def workflow_context(workflow: Workflow) -> dict[str, Any]:
+    progress = progress_of([workflow.id])[workflow.id]
+    return {
+        "workflow": workflow,
+        "progress": progress,
+        "status": status_of(workflow, progress),
+        "tasks": workflow.tasks.order_by("created_at", "id")[:WORKFLOW_TASKS_SHOWN],
+    }
+
+
+def render_workflow(workflow_id: UUID) -> str | None:
+    workflow = Workflow.objects.filter(id=workflow_id).first()
+    return render_to_string(WORKFLOW, workflow_context(workflow)) if workflow else None

@@ -2,10 +2,10 @@
 
 It does two things, whatever the number of open pages:
 
-- once a second, while someone watches the overview or the workers page, it takes
-  one snapshot (``overview.take_snapshot``), renders the fragment once per
-  permission variant and sends it to the ``overview`` group (and the workers
-  fragment to ``workers``);
+- once a second, while someone watches the overview, it takes one snapshot
+  (``overview.take_snapshot``), renders the fragment once per permission variant
+  and sends it to the ``overview`` group; likewise it renders once, for all their
+  watchers, the workers page and each watched workflow page;
 - it LISTENs on ``TASK_CHANGES_CHANNEL``, where a trigger on ``tasks`` reports every
   status change, and tells the dead-letter pages which rows left the dead letter
   and each task page that its task changed.
@@ -23,6 +23,8 @@ import json
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -38,12 +40,16 @@ from .overview import take_snapshot
 
 logger = logging.getLogger(__name__)
 
-OVERVIEW, WORKERS, DEAD_LETTER = "overview", "workers", "dead_letter"
+OVERVIEW, WORKERS, DEAD_LETTER, WORKFLOWS = "overview", "workers", "dead_letter", "workflows"
 TICK_SECONDS = 1.0
 
 
 def task_group(task_id: str) -> str:
     return f"task.{task_id}"
+
+
+def workflow_group(workflow_id: str) -> str:
+    return f"workflow.{workflow_id}"
 
 
 class Hub:
@@ -80,11 +86,25 @@ class Hub:
                 if self.watchers[OVERVIEW]:
                     variants = await database_sync_to_async(self._render_overview)()
                     await layer.group_send(OVERVIEW, {"type": "overview.push", **variants})
-                if self.watchers[WORKERS]:
-                    html = await database_sync_to_async(fragments.render_workers)()
-                    await layer.group_send(WORKERS, {"type": "html.push", "html": html})
+                for group, render in self._rendered_each_tick():
+                    html = await database_sync_to_async(render)()
+                    if html:
+                        await layer.group_send(group, {"type": "html.push", "html": html})
             except Exception:
                 logger.exception("live update failed; trying again in a second")
+
+    def _rendered_each_tick(self) -> list[tuple[str, Callable[[], str | None]]]:
+        """The watched pages that are re-rendered every tick (no notification says
+        when a worker's heartbeat or a workflow's progress changed)."""
+        every_tick = {WORKERS: fragments.render_workers, WORKFLOWS: fragments.render_workflows}
+        pages = []
+        for group in list(self.watchers):
+            if group in every_tick:
+                pages.append((group, every_tick[group]))
+            elif group.startswith("workflow."):
+                workflow_id = group.removeprefix("workflow.")
+                pages.append((group, partial(fragments.render_workflow, workflow_id)))
+        return pages
 
     def _render_overview(self) -> dict[str, Any]:
         snapshot = take_snapshot()

@@ -23,7 +23,6 @@ from agents_app import registry
 from task_queue import operations
 from task_queue.models import OperatorAction, Task, TaskStatus
 from workflows.models import Workflow
-from workflows.progress import progress_of, status_of
 
 from . import fragments
 from .deadletter import DeadLetterFilter
@@ -224,28 +223,15 @@ def workers(request: HttpRequest) -> HttpResponse:
 @staff_member_required
 @require_GET
 def workflows(request: HttpRequest) -> HttpResponse:
-    page = Paginator(Workflow.objects.all(), PAGE_SIZE).get_page(request.GET.get("page"))
-    progress = progress_of(w.id for w in page)
-    rows = [(w, progress[w.id], status_of(w, progress[w.id])) for w in page]
-    return render(request, "dashboard/workflows.html", {"page": page, "rows": rows})
+    context = fragments.workflows_context(request.GET.get("page"))
+    return render(request, "dashboard/workflows.html", context)
 
 
 @staff_member_required
 @require_GET
 def workflow_detail(request: HttpRequest, workflow_id: UUID) -> HttpResponse:
     workflow = get_object_or_404(Workflow, id=workflow_id)
-    progress = progress_of([workflow.id])[workflow.id]
-    tasks = workflow.tasks.order_by("created_at", "id")[:500]
-    return render(
-        request,
-        "dashboard/workflow.html",
-        {
-            "workflow": workflow,
-            "progress": progress,
-            "status": status_of(workflow, progress),
-            "tasks": tasks,
-        },
-    )
+    return render(request, "dashboard/workflow.html", fragments.workflow_context(workflow))
 
 
 @staff_member_required

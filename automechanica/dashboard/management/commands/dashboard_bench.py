@@ -31,7 +31,7 @@ class Command(BaseCommand):
         if options["repeat"] < 1:
             raise CommandError("--repeat must be at least 1")
         user, _ = User.objects.get_or_create(username=BENCH_USER, defaults={"is_staff": True})
-        client = Client()
+        client = Client(SERVER_NAME="localhost")  # one of the default ALLOWED_HOSTS
         client.force_login(user)
         dead = Task.objects.filter(status__in=REVIVABLE_STATUSES).order_by("-finished_at").first()
         pages = {

@@ -1,0 +1,52 @@
+"""The commands that measure the dashboard at scale, and the overview's estimates."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from automechanica.dashboard import overview
+from task_queue import queries
+from task_queue.models import Task
+
+pytestmark = pytest.mark.django_db
+
+
+def test_seed_tasks_makes_the_asked_shares():
+    call_command("seed_tasks", count=20_000, pending=0.1, dead=0.05, failed=0.05,
+                 cancelled=0, stdout=io.StringIO())  # fmt: skip
+    seeded = Task.objects.filter(task_type__startswith="seed:")
+    assert seeded.count() == 20_000
+    for status, share in [("pending", 0.1), ("dead", 0.05), ("failed", 0.05)]:
+        assert abs(seeded.filter(status=status).count() - share * 20_000) < 600, status
+    assert not seeded.filter(status="cancelled").exists()
+    assert seeded.filter(status="dead", error_info__type__isnull=False).exists()
+    with pytest.raises(CommandError, match="each share"):
+        call_command("seed_tasks", count=10, dead=0.9, failed=0.9, stdout=io.StringIO())
+
+
+def test_the_overview_estimates_finished_tasks_on_a_large_table(monkeypatch):
+    call_command("seed_tasks", count=20_000, stdout=io.StringIO())
+    exact = overview.take_snapshot()
+    assert not exact.estimated
+    monkeypatch.setattr(overview, "EXACT_COUNT_BELOW_ROWS", 0)
+    estimated = overview.take_snapshot()
+    assert estimated.estimated
+    # Open statuses stay exact; completed comes from the statistics, within a few %.
+    for status in ("pending", "dead", "failed"):
+        assert estimated.totals[status] == exact.totals[status]
+    assert abs(estimated.totals["completed"] - exact.totals["completed"]) < 0.05 * 20_000
+    assert queries.estimated_table_rows() == pytest.approx(20_000, rel=0.05)
+
+
+def test_dashboard_bench_reports_each_page():
+    call_command("seed_tasks", count=2_000, stdout=io.StringIO())
+    out = io.StringIO()
+    call_command("dashboard_bench", repeat=2, json=True, stdout=out)
+    report = json.loads(out.getvalue())
+    assert set(report["milliseconds"]) >= {"overview /", "dead letter /dead-letter/"}
+    assert all(figures["p50"] > 0 for figures in report["milliseconds"].values())
