@@ -97,7 +97,8 @@ class PriorityFilter(admin.SimpleListFilter):
         return [(str(p), str(p)) for p in range(PRIORITY_MIN, PRIORITY_MAX + 1)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        return queryset.filter(priority=int(self.value())) if self.value() else queryset
+        valid = {str(p) for p in range(PRIORITY_MIN, PRIORITY_MAX + 1)}
+        return queryset.filter(priority=int(self.value())) if self.value() in valid else queryset
 
 
 class TaskHistoryInline(admin.TabularInline):

@@ -267,3 +267,16 @@ def test_admin_offers_no_revive_action_without_the_permission():
         {"action": "revive", "_selected_action": [str(task_id)]},
     )
     assert Task.objects.get(id=task_id).status == TaskStatus.FAILED
+
+
+def test_an_invalid_filter_matches_nothing_and_acts_on_nothing():
+    task_id = dead_task()
+    client = staff(*OPERATOR)
+    page = client.get("/dead-letter/", {"since": "not a date"}).content.decode()
+    assert "data-filter-errors" in page and str(task_id) not in page
+    response = client.post("/dead-letter/act/", {"action": "revive", "scope": "all", "since": "x"})
+    assert response.status_code == 400
+    assert Task.objects.get(id=task_id).status == TaskStatus.FAILED
+    admin = Client()
+    admin.force_login(User.objects.create_superuser("root", "", "pw"))
+    assert admin.get("/admin/queue/task/", {"priority": "x"}).status_code in (200, 302)

@@ -34,3 +34,11 @@ class WorkflowAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # workflows are created by an orchestrator, through the API
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False  # its metadata is the orchestrator's state
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        # Deleting a workflow deletes its tasks, running ones included, past the
+        # queue's permissions and the audit log: cancel it through the API instead.
+        return False

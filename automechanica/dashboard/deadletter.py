@@ -35,7 +35,10 @@ class DeadLetterFilter(forms.Form):
     def tasks(self) -> QuerySet[Task]:
         """Dead and failed tasks matching the valid filters, newest death first."""
         tasks = Task.objects.filter(status__in=REVIVABLE_STATUSES)
-        values = self.cleaned_data if self.is_valid() else {}
+        if self.is_bound and not self.is_valid():
+            # Never widen an invalid filter to "everything": match nothing and say why.
+            return tasks.none()
+        values = self.cleaned_data if self.is_bound else {}
         if values.get("agent"):
             tasks = tasks.filter(agent_name=values["agent"])
         if values.get("task_type"):

@@ -125,6 +125,8 @@ def dead_letter_act(request: HttpRequest) -> HttpResponse:
         return HttpResponseBadRequest("action must be revive or cancel")
     _require(request, action)
     form = DeadLetterFilter(request.POST)
+    if not form.is_valid():
+        return HttpResponseBadRequest(f"invalid filter: {form.errors.as_text()}")
     matched_filter = None
     if request.POST.get("scope") == "all":
         ids = list(form.tasks().values_list("id", flat=True))
