@@ -23,7 +23,7 @@ from django.utils.html import format_html
 
 from agents_app import registry
 
-from . import operations, queries
+from . import audit, operations, queries
 from .models import (
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -36,9 +36,7 @@ from .models import (
     TaskQueueMetric,
     Worker,
 )
-
-# Below this many rows an unfiltered list is counted exactly.
-EXACT_COUNT_BELOW_ROWS = 100_000
+from .stats import EXACT_COUNT_BELOW_ROWS
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -172,13 +170,13 @@ class TaskAdmin(ReadOnlyAdmin):
     @admin.action(description="Revive the selected dead or failed tasks", permissions=["revive"])
     def revive(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
         ids = list(queryset.filter(status__in=REVIVABLE_STATUSES).values_list("id", flat=True))
-        done = operations.revive(ids, actor=_actor(request), source="admin")
+        done = operations.revive(ids, actor=audit.user_actor(request.user), source="admin")
         self.message_user(request, f"Revived {len(done)} task(s).", messages.SUCCESS)
 
     @admin.action(description="Cancel the selected tasks", permissions=["cancel"])
     def cancel(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
         ids = list(queryset.values_list("id", flat=True))
-        outcome = operations.cancel(ids, actor=_actor(request), source="admin")
+        outcome = operations.cancel(ids, actor=audit.user_actor(request.user), source="admin")
         self.message_user(request, f"Cancelled {len(outcome)} task(s).", messages.SUCCESS)
 
 
@@ -227,7 +225,3 @@ class PausedAgentAdmin(ReadOnlyAdmin):
     """Paused agents are listed here; pausing and resuming is on the dashboard's overview."""
 
     list_display = ["agent_name", "paused_by", "paused_at"]
-
-
-def _actor(request: HttpRequest) -> str:
-    return f"user:{request.user.get_username()}"

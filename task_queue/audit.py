@@ -15,6 +15,11 @@ from uuid import UUID
 from .models import OperatorAction
 
 
+def user_actor(user: Any) -> str:
+    """How a logged-in operator is named in the log and in task history."""
+    return f"user:{user.get_username()}"
+
+
 def record(
     *,
     actor: str,

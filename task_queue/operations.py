@@ -1,6 +1,6 @@
 """The queue's Python API for the other apps: enqueue, and the operator actions
 (revive, cancel, edit, run now, pause and resume an agent), each written to the
-audit log in its own transaction.
+audit log in the transaction that makes the change (the caller's, if it has one).
 
 Enqueueing runs inside the caller's transaction: if the caller rolls back there is
 no task and no wake-up, because the NOTIFY that wakes workers is part of the same

@@ -5,6 +5,10 @@ from typing import Any
 from . import queries
 from .models import TaskStatus
 
+# Below this many rows (the planner's estimate) the tasks table is counted exactly;
+# above it, dashboards take the planner's figures for the bulk of finished tasks.
+EXACT_COUNT_BELOW_ROWS = 100_000
+
 
 def queue_stats() -> dict[str, Any]:
     """``totals`` (every status), ``by_agent`` (agent → every status) and the age in

@@ -89,6 +89,7 @@ class Worker:
         self._work: queue.SimpleQueue[InFlight | None] = queue.SimpleQueue()
         self._writer = OutcomeWriter(self.id, now, written=self._wake)
         self._listener = Listener(self.agents, self._wake)
+        self._process = psutil.Process()  # for the memory the heartbeat reports
 
     # ------------------------------------------------------------ lifecycle
 
@@ -249,7 +250,7 @@ class Worker:
                 pid=os.getpid(),
                 agents=list(self.agents),
                 concurrency=self.config.concurrency,
-                memory_bytes=psutil.Process().memory_info().rss,
+                memory_bytes=self._process.memory_info().rss,
                 now=self.now(),
             )
         except CONNECTION_ERRORS as error:

@@ -11,7 +11,7 @@ from django.core.paginator import Paginator
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from task_queue.models import OperatorAction, Task, TaskStatus
+from task_queue.models import REVIVABLE_STATUSES, OperatorAction, Task, TaskStatus
 from workflows.models import Workflow
 from workflows.progress import progress_of, status_of
 
@@ -66,12 +66,11 @@ def task_context(task: Task, user: User) -> dict[str, Any]:
     if task.workflow_id:
         progress = progress_of([task.workflow_id])[task.workflow_id]
         workflow_status = status_of(task.workflow, progress)
-    revivable = task.status in (TaskStatus.DEAD, TaskStatus.FAILED)
+    revivable = task.status in REVIVABLE_STATUSES
     pending = task.status == TaskStatus.PENDING
     return {
         "task": task,
         "history": history,
-        "attempts": [h for h in history if h.error or h.event == "completed"],
         "workflow_status": workflow_status,
         "actions": OperatorAction.objects.filter(task_ids__contains=[task.id])[:50],
         "can_revive": revivable and user.has_perm("queue.revive_task"),

@@ -110,7 +110,6 @@ class Hub:
         snapshot = take_snapshot()
         self.snapshots_taken += 1
         return {
-            "tick": self.snapshots_taken,
             "with_pause": fragments.render_overview(snapshot, can_pause=True),
             "without_pause": fragments.render_overview(snapshot, can_pause=False),
         }

@@ -18,9 +18,8 @@ from django.utils import timezone
 from agents_app import registry
 from task_queue import operations, queries
 from task_queue.models import PausedAgent, TaskStatus, Worker
+from task_queue.stats import EXACT_COUNT_BELOW_ROWS
 
-# Below this many rows (the planner's estimate) every status is counted exactly.
-EXACT_COUNT_BELOW_ROWS = 100_000
 ESTIMATED_STATUSES = (TaskStatus.COMPLETED, TaskStatus.CANCELLED)
 CHART_MINUTES = 60
 

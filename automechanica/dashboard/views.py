@@ -21,6 +21,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from agents_app import registry
 from task_queue import operations
+from task_queue.audit import user_actor
 from task_queue.models import OperatorAction, Task, TaskStatus
 from workflows.models import Workflow
 
@@ -38,10 +39,6 @@ PERMISSIONS = {
     "pause": "queue.pause_agent",
     "resume": "queue.pause_agent",
 }
-
-
-def _actor(request: HttpRequest) -> str:
-    return f"user:{request.user.get_username()}"
 
 
 def _require(request: HttpRequest, action: str) -> None:
@@ -68,7 +65,7 @@ def pause_or_resume(request: HttpRequest, agent_name: str, action: str) -> HttpR
     if agent_name not in registry.names():
         return HttpResponseBadRequest(f"unknown agent {agent_name!r}")
     change = operations.pause_agent if action == "pause" else operations.resume_agent
-    change(agent_name, actor=_actor(request), source="dashboard")
+    change(agent_name, actor=user_actor(request.user), source="dashboard")
     return HttpResponse(fragments.render_overview(take_snapshot(), can_pause=True))
 
 
@@ -136,7 +133,11 @@ def dead_letter_act(request: HttpRequest) -> HttpResponse:
             ids = [UUID(value) for value in request.POST.getlist("ids")]
         except ValueError:
             return HttpResponseBadRequest("ids must be task ids")
-    common = {"actor": _actor(request), "source": "dashboard", "matched_filter": matched_filter}
+    common = {
+        "actor": user_actor(request.user),
+        "source": "dashboard",
+        "matched_filter": matched_filter,
+    }
     if action == "revive":
         done = len(operations.revive(ids, **common))
         messages.success(request, f"Revived {done} task(s).")
@@ -166,7 +167,7 @@ def task_action(request: HttpRequest, task_id: UUID, action: str) -> HttpRespons
     """Revive, run now or cancel one task; answers with the refreshed task fragment."""
     _require(request, action)
     task = get_object_or_404(Task, id=task_id)
-    actor = {"actor": _actor(request), "source": "dashboard"}
+    actor = {"actor": user_actor(request.user), "source": "dashboard"}
     if action == "revive":
         operations.revive([task.id], **actor)
     elif action == "cancel":
@@ -192,7 +193,7 @@ def task_edit(request: HttpRequest, task_id: UUID) -> HttpResponse:
         text = request.POST.get("payload", "")
         try:
             payload = json.loads(text)
-            actor = {"actor": _actor(request), "source": "dashboard"}
+            actor = {"actor": user_actor(request.user), "source": "dashboard"}
             if task.status == TaskStatus.PENDING:
                 operations.update_pending(task.id, payload=payload, **actor)
             elif not operations.revive([task.id], payload=payload, **actor):
