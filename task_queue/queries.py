@@ -24,8 +24,11 @@ from uuid import UUID
 from django.db import connection
 
 NOTIFY_CHANNEL = "automechanica_tasks"
-# Every statement that changes task statuses notifies here (a trigger, migration
-# queue 0004): {"tasks": [[id, status], ...], "more": bool}. The dashboard listens.
+# Every statement that changes tasks (all but lease renewals) notifies here (a
+# trigger, migrations queue 0004 and 0006): {"tasks": [[id, old_status, new_status],
+# ... up to 60, dead-letter moves first], "more": changed tasks beyond those,
+# "left": tasks that left the dead letter, "arrived": tasks that entered it}.
+# The dashboard listens.
 TASK_CHANGES_CHANNEL = "automechanica_task_changes"
 
 # The statement's time: inlined rather than joined from a CTE, so the planner can
@@ -821,7 +824,16 @@ FROM pg_stats_ext s
 CROSS JOIN size
 CROSS JOIN LATERAL generate_subscripts(s.most_common_freqs, 1) AS i
 WHERE s.statistics_name = 'tasks_agent_status_stats'
+  AND s.schemaname = current_schema() AND s.tablename = 'tasks'
 """
+
+
+DATABASE_CLOCK = "SELECT clock_timestamp()"
+
+
+def database_clock() -> datetime:
+    """The database server's time now: what task timestamps are written with."""
+    return _rows(DATABASE_CLOCK, {})[0][0]
 
 
 ESTIMATED_TABLE_ROWS = "SELECT reltuples FROM pg_class WHERE oid = 'tasks'::regclass"
@@ -829,7 +841,8 @@ ESTIMATED_TABLE_ROWS = "SELECT reltuples FROM pg_class WHERE oid = 'tasks'::regc
 
 def estimate_tasks_by_agent_and_status() -> list[tuple[str, str, int]]:
     """(agent, status, estimated count) for the pairs the last ANALYZE saw; none
-    before the first."""
+    before the first, and none for a role that does not own the table (PostgreSQL
+    shows extended statistics to the owner only)."""
     return _rows(ESTIMATE_TASKS_BY_AGENT_AND_STATUS, {})
 
 

@@ -174,7 +174,10 @@ def test_up_serves_the_api_and_stops_everything_on_ctrl_c(transactional_db, tmp_
             "-m daphne -b", "manage.py runmaintenance", "manage.py runorchestrator --api",
             "manage.py runworker EchoAgent",
         ]  # fmt: skip
-        # --demo: the orchestrator starts workflows through the API.
+        # --demo: the orchestrator starts workflows through the API, its token not
+        # on its command line (where ps would show it).
+        orchestrator = next(c for c in children if "runorchestrator" in c.cmdline())
+        assert "--token" not in orchestrator.cmdline()
         wait_for(lambda: Workflow.objects.exists(), timeout=60, what="a demo workflow")
         # The first run made an admin user and printed its password, this once.
         admin = User.objects.get(is_superuser=True)

@@ -182,6 +182,73 @@ def test_revive_and_edit_from_the_dead_letter(users, live_servers, worker_proces
     assert "user:operator" in audit and '+  "fixed": true' in audit
 
 
+def console_errors(page) -> list[str]:
+    errors: list[str] = []
+    page.on("console", lambda message: message.type == "error" and errors.append(message.text))
+    return errors
+
+
+def test_the_dead_letter_follows_arrivals_and_bulk_changes(users, live_servers, browser):
+    server = live_servers()
+    db(make_failed, [{"n": n} for n in range(3)])
+    page = log_in(browser, server, "operator", "/dead-letter/")
+    errors = console_errors(page)
+    live(page)
+
+    # One task dies: announced (not inserted under the operator's selection), counted.
+    db(make_failed, [{"n": 3}])
+    page.wait_for_selector("#dead-letter-arrivals:not([hidden])", timeout=5_000)
+    assert page.inner_text("#dead-letter-arrivals [data-n]") == "1"
+    page.wait_for_function("document.getElementById('dead-letter-count').textContent === '4'")
+    shot(page, "dead-letter-arrivals")
+    page.click("#dead-letter-arrivals button")
+    page.wait_for_function("document.querySelectorAll('tr[data-task]').length === 4")
+
+    # 70 die in one statement: announced and counted too.
+    db(make_failed, [{"n": n} for n in range(4, 74)])
+    page.wait_for_function("document.getElementById('dead-letter-count').textContent === '74'")
+    assert page.inner_text("#dead-letter-arrivals [data-n]") == "70"
+
+    # Revived elsewhere, 74 in one statement: one notification names 60 of them, so
+    # the results reload (a GET aimed at them), and the page's own banner goes away.
+    page.evaluate("""window.reloads = 0; document.addEventListener("htmx:afterRequest", (event) => {
+        const { target, requestConfig } = event.detail;
+        if (target.id === "dead-letter-results" && requestConfig.verb === "get") window.reloads++;
+    })""")
+    ids = db(lambda: list(Task.objects.filter(status="failed").values_list("id", flat=True)))
+    db(operations.revive, ids, actor="user:elsewhere")
+    page.wait_for_function("window.reloads === 1")
+    page.wait_for_function("document.querySelectorAll('tr[data-task]').length === 0")
+    assert page.locator("#dead-letter-arrivals").is_hidden()
+
+    # Revive all matching, here: the confirmation states the count it acts on, and
+    # the outcome stays on the page through the reload its own notification causes.
+    db(fail_pending, "EchoAgent", retryable=False)  # the 74 fail again
+    page.click("#dead-letter-arrivals button")
+    page.wait_for_function("document.getElementById('dead-letter-count').textContent === '74'")
+    page.click('[data-bulk="revive-all"]')
+    assert page.inner_text("[data-confirm-count]") == "74"
+    shot(page, "dead-letter-confirm")
+    page.evaluate("window.reloads = 0")
+    page.click("[data-confirm]")
+    page.wait_for_selector("text=Revived 74 task(s).")
+    page.wait_for_function("window.reloads === 1")
+    assert page.inner_text("#dead-letter-count") == "0"
+    assert page.locator("text=Revived 74 task(s).").count() == 1
+    assert errors == []
+
+
+def test_an_open_page_stops_updating_once_its_user_logs_out(users, live_servers, browser):
+    server = live_servers()
+    page = log_in(browser, server, "viewer", "/")
+    live(page)
+    elsewhere = page.context.new_page()  # the same session, in another tab
+    elsewhere.goto(server.url + "/admin/")
+    elsewhere.click("#logout-form button")
+    page.wait_for_selector(".live-badge:has-text('signed out')", timeout=15_000)
+    shot(page, "overview-signed-out")
+
+
 def test_without_the_permission_no_button_and_a_forged_post_is_refused(
     users, live_servers, browser
 ):

@@ -43,6 +43,21 @@ def test_the_overview_estimates_finished_tasks_on_a_large_table(monkeypatch):
     assert queries.estimated_table_rows() == pytest.approx(20_000, rel=0.05)
 
 
+def test_a_role_that_may_not_read_the_statistics_gets_exact_counts(monkeypatch):
+    from django.db import connection
+
+    call_command("seed_tasks", count=5_000, stdout=io.StringIO())
+    exact = overview.take_snapshot()
+    monkeypatch.setattr(overview, "EXACT_COUNT_BELOW_ROWS", 0)
+    with connection.cursor() as cursor:  # rolled back with the test's transaction
+        cursor.execute("CREATE ROLE dashboard_reader")
+        cursor.execute("GRANT SELECT ON ALL TABLES IN SCHEMA public TO dashboard_reader")
+        cursor.execute("SET LOCAL ROLE dashboard_reader")
+    assert queries.estimate_tasks_by_agent_and_status() == []
+    snapshot = overview.take_snapshot()
+    assert not snapshot.estimated and snapshot.totals == exact.totals
+
+
 def test_dashboard_bench_reports_each_page():
     call_command("seed_tasks", count=2_000, stdout=io.StringIO())
     out = io.StringIO()

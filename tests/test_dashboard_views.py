@@ -4,10 +4,12 @@ who may see and do what, what each action changes, and what the audit log keeps.
 from __future__ import annotations
 
 import json
+import re
 from uuid import UUID
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.http import HttpResponse
 from django.test import Client
 from django.urls import reverse
 
@@ -129,18 +131,52 @@ def test_revive_from_the_dead_letter_is_audited():
     assert "user:ops" in client.get("/audit/").content.decode()
 
 
+def confirmation(response: HttpResponse) -> dict[str, str]:
+    """The confirmation's hidden fields that bind the action to what it counted."""
+    fields = re.findall(r'name="(confirmed_\w+)" value="([^"]+)"', response.content.decode())
+    assert {name for name, _ in fields} == {"confirmed_at", "confirmed_count"}
+    return dict(fields)
+
+
 def test_revive_all_matching_confirms_the_count_and_records_the_filter():
     marked = [dead_task({"supplier": "acme", "i": i}) for i in range(3)]
     other = dead_task({"supplier": "globex"})
     client = staff(*OPERATOR)
     confirm = client.get("/dead-letter/confirm/", {"action": "revive", "q": "acme"})
     assert b"data-confirm-count>3<" in confirm.content
-    response = client.post("/dead-letter/act/", {"action": "revive", "scope": "all", "q": "acme"})
+    confirmed = confirmation(confirm)
+    response = client.post(
+        "/dead-letter/act/", {"action": "revive", "scope": "all", "q": "acme", **confirmed}
+    )
     assert "Revived 3 task(s)." in response.content.decode()
     assert set(Task.objects.filter(status="pending").values_list("id", flat=True)) == set(marked)
     assert Task.objects.get(id=other).status == TaskStatus.FAILED
     action = OperatorAction.objects.get()
-    assert action.matched_filter == {"q": "acme"} and len(action.task_ids) == 3
+    assert action.matched_filter == {"q": "acme", "confirmed_at": confirmed["confirmed_at"]}
+    assert len(action.task_ids) == 3
+
+
+@pytest.mark.django_db(transaction=True)  # now() per statement, as in production
+def test_all_matching_acts_only_on_the_tasks_the_confirmation_counted():
+    counted = [dead_task({"supplier": "acme"}) for _ in range(2)]
+    client = staff(*OPERATOR)
+    confirm = client.get("/dead-letter/confirm/", {"action": "cancel", "q": "acme"})
+    assert b"data-confirm-count>2<" in confirm.content
+    late = dead_task({"supplier": "acme"})  # dies while the operator reads the count
+    form = {"action": "cancel", "scope": "all", "q": "acme"}
+    assert client.post("/dead-letter/act/", form).status_code == 400  # no confirmation
+    confirmed = confirmation(confirm)
+    for bad in [{"confirmed_at": "2026-13-40T00:00:00+00:00"}, {"confirmed_count": "many"}]:
+        assert client.post("/dead-letter/act/", form | confirmed | bad).status_code == 400
+    # More match by the confirmation's time than it counted: nothing is done.
+    response = client.post("/dead-letter/act/", form | confirmed | {"confirmed_count": "1"})
+    assert "More tasks match than you confirmed" in response.content.decode()
+    assert not OperatorAction.objects.exists()
+    response = client.post("/dead-letter/act/", form | confirmed)
+    assert "Cancelled 2 task(s)." in response.content.decode()
+    statuses = dict(Task.objects.values_list("id", "status"))
+    assert [statuses[i] for i in counted] == ["cancelled", "cancelled"]
+    assert statuses[late] == TaskStatus.FAILED
 
 
 def test_dead_letter_filters():

@@ -4,6 +4,7 @@ application and database): who may connect, and what arrives when tasks change."
 from __future__ import annotations
 
 import asyncio
+import json
 from uuid import UUID
 
 import pytest
@@ -13,6 +14,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from automechanica.asgi import application
+from automechanica.dashboard import consumers
 from automechanica.dashboard.live import hub
 from task_queue import operations
 from tests.support.queue import complete_pending, fail_pending
@@ -23,10 +25,14 @@ ORIGIN = b"http://127.0.0.1:8000"
 
 
 def session_cookie(*, is_staff: bool = True) -> bytes:
+    return logged_in(is_staff=is_staff)[1]
+
+
+def logged_in(*, is_staff: bool = True) -> tuple[Client, bytes]:
     user = User.objects.create_user(f"u{User.objects.count()}", password="pw", is_staff=is_staff)
     client = Client()
     client.force_login(user)
-    return f"sessionid={client.cookies['sessionid'].value}".encode()
+    return client, f"sessionid={client.cookies['sessionid'].value}".encode()
 
 
 def socket(path: str, cookie: bytes | None, origin: bytes = ORIGIN) -> WebsocketCommunicator:
@@ -78,22 +84,53 @@ def test_open_overviews_share_one_snapshot_per_second():
     assert all('data-agent="EchoAgent"' in pushes[-1] for pushes in received)
 
 
-def test_a_revived_task_leaves_open_dead_letter_pages():
-    cookie = session_cookie()
-    task_id = operations.enqueue("EchoAgent", "echo", {}).id
-    fail_pending("EchoAgent", retryable=False)
+async def dead_letter_change(communicator: WebsocketCommunicator) -> dict:
+    return json.loads(await communicator.receive_from(timeout=5))["dead_letter"]
 
-    async def watch() -> str:
+
+def test_dead_letter_pages_hear_which_tasks_left_and_how_many_arrived():
+    cookie = session_cookie()
+    revived = operations.enqueue("EchoAgent", "echo", {}).id
+    fail_pending("EchoAgent", retryable=False)
+    operations.enqueue("EchoAgent", "echo", {})
+
+    async def watch() -> list[dict]:
         communicator = socket("/ws/dead-letter/", cookie)
         assert (await communicator.connect())[0]
         await asyncio.wait_for(hub.listening.wait(), 10)
-        await sync_to_async(operations.revive)([task_id], actor="user:elsewhere")
-        message = await communicator.receive_from(timeout=5)
+        await sync_to_async(operations.revive)([revived], actor="user:elsewhere")
+        changes = [await dead_letter_change(communicator)]
+        # The revived task fails again (it arrives), and so does the other one.
+        await sync_to_async(fail_pending)("EchoAgent", retryable=False)
+        changes.append(await dead_letter_change(communicator))
         await communicator.disconnect()
-        return message
+        return changes
 
-    message = async_to_sync(watch)()
-    assert f'<tr id="dl-{task_id}" hx-swap-oob="delete"></tr>' in message
+    left, arrived = async_to_sync(watch)()
+    assert left == {"left": [str(revived)], "arrived": 0, "unknown": 0}
+    assert arrived == {"left": [], "arrived": 2, "unknown": 0}
+
+
+def test_a_bulk_change_beyond_the_notification_sample_is_reported_as_unknown():
+    cookie = session_cookie()
+    ids = [operations.enqueue("EchoAgent", "echo", {"n": n}).id for n in range(65)]
+    fail_pending("EchoAgent", retryable=False)
+    busy = [operations.enqueue("EchoAgent", "echo", {"n": n}).id for n in range(100)]
+
+    async def watch() -> dict:
+        communicator = socket("/ws/dead-letter/", cookie)
+        assert (await communicator.connect())[0]
+        await asyncio.wait_for(hub.listening.wait(), 10)
+        # 100 claims and completions beyond the sample: nothing for the dead letter.
+        assert sorted(await sync_to_async(complete_pending)("EchoAgent")) == sorted(busy)
+        await sync_to_async(operations.revive)(ids, actor="user:elsewhere")
+        change = await dead_letter_change(communicator)
+        await communicator.disconnect()
+        return change
+
+    change = async_to_sync(watch)()
+    assert len(change["left"]) == 60 and change["unknown"] == 5
+    assert set(change["left"]) <= {str(i) for i in ids}
 
 
 def test_a_task_page_follows_its_task():
@@ -115,6 +152,65 @@ def test_a_task_page_follows_its_task():
     first, last = async_to_sync(watch)()
     assert 'data-status="pending"' in first
     assert 'data-status="completed"' in last and "&quot;ok&quot;: true" in last
+
+
+def test_a_task_page_shows_an_edit_that_keeps_the_status():
+    cookie = session_cookie()
+    task_id: UUID = operations.enqueue("EchoAgent", "echo", {"hello": "world"}).id
+
+    async def watch() -> str:
+        communicator = socket(f"/ws/tasks/{task_id}/", cookie)
+        assert (await communicator.connect())[0]
+        await communicator.receive_from(timeout=5)  # the catch-up render
+        await asyncio.wait_for(hub.listening.wait(), 10)
+        await sync_to_async(operations.update_pending)(
+            task_id, actor="user:elsewhere", payload={"hello": "edited"}
+        )
+        update = await communicator.receive_from(timeout=5)
+        await communicator.disconnect()
+        return update
+
+    update = async_to_sync(watch)()
+    assert 'data-status="pending"' in update and "edited" in update
+
+
+def test_a_socket_closes_once_its_user_logs_out(monkeypatch):
+    monkeypatch.setattr(consumers, "RECHECK_SECONDS", 0.0)
+    client, cookie = logged_in()
+
+    async def watch() -> dict:
+        communicator = socket("/ws/overview/", cookie)
+        assert (await communicator.connect())[0]
+        assert 'id="overview-live"' in await communicator.receive_from(timeout=5)
+        await sync_to_async(client.logout)()
+        closed = await communicator.receive_output(timeout=5)
+        await communicator.disconnect()
+        return closed
+
+    assert async_to_sync(watch)() == {"type": "websocket.close", "code": consumers.SIGNED_OUT}
+
+
+def test_a_socket_follows_a_permission_change(monkeypatch):
+    from django.contrib.auth.models import Permission
+
+    monkeypatch.setattr(consumers, "RECHECK_SECONDS", 0.0)
+    client, cookie = logged_in()
+    user = User.objects.get(pk=client.session["_auth_user_id"])
+    user.user_permissions.add(Permission.objects.get(codename="pause_agent"))
+    operations.enqueue("EchoAgent", "echo", {})
+
+    async def watch() -> tuple[str, str]:
+        communicator = socket("/ws/overview/", cookie)
+        assert (await communicator.connect())[0]
+        before = await communicator.receive_from(timeout=5)
+        await sync_to_async(user.user_permissions.clear)()
+        after = await communicator.receive_from(timeout=5)
+        await communicator.disconnect()
+        return before, after
+
+    before, after = async_to_sync(watch)()
+    assert ">Pause</button>" in before
+    assert ">Pause</button>" not in after
 
 
 def test_a_workflow_page_follows_its_progress():

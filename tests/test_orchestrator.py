@@ -7,16 +7,20 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from task_queue.models import Task, TaskStatus
 from tests.conftest import REPO, manage_env, wait_for
 from tests.support.api import token
 from tests.support.server import http
+from workflows.management.commands.runorchestrator import Command as RunOrchestrator
 from workflows.models import Workflow
-from workflows.orchestrator.client import ApiClient
+from workflows.orchestrator.client import TOKEN_VARIABLE, ApiClient, ApiError
 from workflows.orchestrator.definitions import DefinitionError, load_all, parse, render
 from workflows.orchestrator.driver import Orchestrator, plan
 
@@ -111,6 +115,44 @@ def test_plan_enqueues_each_step_once_its_dependencies_complete():
     fourth = plan(definition, "r", feed, [normalize, *fitment, done])
     assert [t["payload"]["product"]["fitment"] for t in fourth.new_tasks] == [[0], [1]]
     assert fourth.complete
+
+
+# ------------------------------------------------------------------ the command
+
+
+def test_the_orchestrator_needs_a_token(monkeypatch):
+    monkeypatch.delenv(TOKEN_VARIABLE, raising=False)
+    with pytest.raises(CommandError, match=f"--token or \\${TOKEN_VARIABLE}"):
+        call_command("runorchestrator", "--api", "http://127.0.0.1:9", "--once")
+
+
+class FailingPasses:
+    """Passes that fail with ``error`` twice, then stop the loop."""
+
+    def __init__(self, error: ApiError) -> None:
+        self.stop, self.error, self.passes = threading.Event(), error, 0
+
+    def run_once(self) -> int:
+        self.passes += 1
+        if self.passes <= 2:
+            raise self.error
+        self.stop.set()
+        return 0
+
+
+def run_loop(passes: FailingPasses) -> None:
+    RunOrchestrator()._loop(passes, passes.stop, poll=0, once=False, demo=None)
+
+
+def test_a_server_error_is_retried_and_a_refusal_ends_the_orchestrator():
+    flaky = FailingPasses(ApiError("GET", "/api/v1/workflows", 503, {"message": "busy"}))
+    run_loop(flaky)
+    assert flaky.passes == 3  # two 503s, then a pass that worked
+
+    refused = FailingPasses(ApiError("GET", "/api/v1/workflows", 401, {"message": "no"}))
+    with pytest.raises(ApiError, match="401"):
+        run_loop(refused)
+    assert refused.passes == 1
 
 
 # ------------------------------------------------------------------ end to end

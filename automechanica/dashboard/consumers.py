@@ -3,25 +3,39 @@
 Only a logged-in staff user gets a socket (others are refused at the handshake,
 which the browser sees as a failed connection); ``asgi.py`` checks the Origin
 header before this runs. What arrives is HTML that the htmx ws extension swaps in
-by element id.
+by element id, except on the dead-letter page, which gets a small JSON message
+that ``live.js`` applies (so a page never receives HTML for rows it does not show).
+
+A socket outlives the request that opened it, so before sending anything the
+consumer looks at the session again (at most every ``RECHECK_SECONDS``): a user who
+logged out, lost staff status or was deactivated gets the socket closed with code
+``SIGNED_OUT``, and a changed permission changes what the next push shows.
 """
 
 from __future__ import annotations
 
+import json
+import time
+from importlib import import_module
+from types import SimpleNamespace
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.utils.html import format_html_join
+from django.conf import settings
+from django.contrib import auth
 
 from . import fragments
 from .live import hub, task_group, workflow_group
 
+RECHECK_SECONDS = 5.0
+SIGNED_OUT = 4403  # an application close code; live.js tells the operator to log in
+
 
 class LiveConsumer(AsyncWebsocketConsumer):
     async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated or not user.is_staff:
+        self.user = self.scope.get("user")
+        if not _may_watch(self.user):
             await self.close()  # before accept(): the handshake is answered 403
             return
         page = self.scope["url_route"]["kwargs"]["page"]
@@ -29,7 +43,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
         object_id = self.scope["url_route"]["kwargs"].get("object_id")
         self.group = groups[page](str(object_id)) if page in groups else page
         self.task_id = object_id if page == "task" else None
-        self.can_pause = await database_sync_to_async(user.has_perm)("queue.pause_agent")
+        self.checked_at, self.signed_out = time.monotonic(), False
+        self.can_pause = await database_sync_to_async(self.user.has_perm)("queue.pause_agent")
         await self.channel_layer.group_add(self.group, self.channel_name)
         hub.join(self.group)
         await self.accept()
@@ -45,22 +60,52 @@ class LiveConsumer(AsyncWebsocketConsumer):
         """The pages only listen; anything they send is ignored."""
 
     async def overview_push(self, event: dict[str, Any]) -> None:
-        await self.send(text_data=event["with_pause" if self.can_pause else "without_pause"])
+        if await self._still_allowed():
+            await self.send(text_data=event["with_pause" if self.can_pause else "without_pause"])
 
     async def html_push(self, event: dict[str, Any]) -> None:
-        await self.send(text_data=event["html"])
+        if await self._still_allowed():
+            await self.send(text_data=event["html"])
 
-    async def rows_left(self, event: dict[str, Any]) -> None:
-        rows = format_html_join(
-            "", '<tr id="dl-{}" hx-swap-oob="delete"></tr>', ((i,) for i in event["ids"])
-        )
-        await self.send(text_data=rows)  # htmx parses table rows at the top level
+    async def dead_letter_changed(self, event: dict[str, Any]) -> None:
+        """Rows that left (removed if shown), how many arrived, and how many changes
+        the notification could not list (the page then reloads its results)."""
+        if await self._still_allowed():
+            change = {key: event[key] for key in ("left", "arrived", "unknown")}
+            await self.send(text_data=json.dumps({"dead_letter": change}))
 
     async def task_changed(self, event: dict[str, Any]) -> None:
-        html = await database_sync_to_async(self._render_task)()
-        if html:
-            await self.send(text_data=html)
+        if await self._still_allowed():
+            html = await database_sync_to_async(self._render_task)()
+            if html:
+                await self.send(text_data=html)
 
     def _render_task(self) -> str | None:
         task = fragments.load_task(self.task_id)
-        return fragments.render_task(task, self.scope["user"]) if task else None
+        return fragments.render_task(task, self.user) if task else None
+
+    async def _still_allowed(self) -> bool:
+        if self.signed_out:
+            return False
+        if time.monotonic() - self.checked_at < RECHECK_SECONDS:
+            return True
+        self.checked_at = time.monotonic()
+        self.user = await database_sync_to_async(self._user_now)()
+        if not _may_watch(self.user):
+            self.signed_out = True  # nothing more is sent while the socket closes
+            await self.close(code=SIGNED_OUT)
+            return False
+        self.can_pause = await database_sync_to_async(self.user.has_perm)("queue.pause_agent")
+        return True
+
+    def _user_now(self) -> Any:
+        """The session's user as it is now: the session is read afresh from the
+        session store (the scope's copy is cached), so a logout or a password change
+        (which invalidates the session hash) shows."""
+        session_key = self.scope["session"].session_key
+        store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+        return auth.get_user(SimpleNamespace(session=store))
+
+
+def _may_watch(user: Any) -> bool:
+    return user is not None and user.is_authenticated and user.is_active and user.is_staff

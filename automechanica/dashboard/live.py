@@ -7,8 +7,8 @@ It does two things, whatever the number of open pages:
   and sends it to the ``overview`` group; likewise it renders once, for all their
   watchers, the workers page and each watched workflow page;
 - it LISTENs on ``TASK_CHANGES_CHANNEL``, where a trigger on ``tasks`` reports every
-  status change, and tells the dead-letter pages which rows left the dead letter
-  and each task page that its task changed.
+  change a page shows, and tells the dead-letter pages which rows left the dead
+  letter and how many arrived, and each task page that its task changed.
 
 Groups live in the process's in-memory channel layer: every server process runs its
 own hub against PostgreSQL, so no Redis (or other shared layer) is needed, with one
@@ -135,13 +135,26 @@ class Hub:
 
     async def _dispatch(self, change: dict[str, Any]) -> None:
         layer = get_channel_layer()
-        left = [task_id for task_id, status in change["tasks"] if status not in REVIVABLE_STATUSES]
-        if self.watchers[DEAD_LETTER] and left:
-            await layer.group_send(DEAD_LETTER, {"type": "rows.left", "ids": left})
-        for task_id, _ in change["tasks"]:
-            group = task_group(task_id)
+        tasks, beyond_sample = change["tasks"], change["more"]
+        if self.watchers[DEAD_LETTER] and (change["left"] or change["arrived"]):
+            left = [i for i, old, new in tasks if _dead(old) and not _dead(new)]
+            event = {
+                "left": left,
+                "arrived": change["arrived"],
+                "unknown": change["left"] - len(left),  # left, but beyond the sample
+            }
+            await layer.group_send(DEAD_LETTER, {"type": "dead_letter.changed", **event})
+        if beyond_sample:  # which tasks is not known: every open task page looks again
+            changed_pages = [g for g in self.watchers if g.startswith("task.")]
+        else:
+            changed_pages = [task_group(task_id) for task_id, _, _ in tasks]
+        for group in changed_pages:
             if self.watchers[group]:
-                await layer.group_send(group, {"type": "task.changed", "id": task_id})
+                await layer.group_send(group, {"type": "task.changed"})
+
+
+def _dead(status: str) -> bool:
+    return status in REVIVABLE_STATUSES
 
 
 hub = Hub()

@@ -68,13 +68,14 @@ def take_snapshot() -> Snapshot:
     names = sorted(registry.names())
     zero = dict.fromkeys(TaskStatus.values, 0)
     counts: dict[str, dict[str, int]] = {name: dict(zero) for name in names}
-    estimated = queries.estimated_table_rows() >= EXACT_COUNT_BELOW_ROWS
+    estimates = []
+    if queries.estimated_table_rows() >= EXACT_COUNT_BELOW_ROWS:
+        estimates = queries.estimate_tasks_by_agent_and_status()
+    # No statistics (a small table, never analysed, or statistics this role may not
+    # read): count exactly, slower at scale but never wrong.
+    estimated = bool(estimates)
     if estimated:
-        rows = queries.count_open_tasks() + [
-            row
-            for row in queries.estimate_tasks_by_agent_and_status()
-            if row[1] in ESTIMATED_STATUSES
-        ]
+        rows = queries.count_open_tasks() + [r for r in estimates if r[1] in ESTIMATED_STATUSES]
     else:
         rows = queries.count_tasks_by_agent_and_status()
     for agent, status, n in rows:

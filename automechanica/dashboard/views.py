@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import contextlib
 import json
+from datetime import datetime
 from uuid import UUID
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET, require_POST
 
 from agents_app import registry
-from task_queue import operations
+from task_queue import operations, queries
 from task_queue.audit import user_actor
 from task_queue.models import OperatorAction, Task, TaskStatus
 from workflows.models import Workflow
@@ -76,6 +80,8 @@ def pause_or_resume(request: HttpRequest, agent_name: str, action: str) -> HttpR
 @require_GET
 def dead_letter(request: HttpRequest) -> HttpResponse:
     form = DeadLetterFilter(request.GET or None)
+    if request.htmx.target == "dead-letter-count":  # live.js, after rows left or arrived
+        return HttpResponse(str(form.tasks().count()))
     page = Paginator(form.tasks(), PAGE_SIZE).get_page(request.GET.get("page"))
     context = _dead_letter_context(request, form, page)
     if request.htmx and request.htmx.target == "dead-letter-results":
@@ -99,24 +105,38 @@ def _dead_letter_context(request: HttpRequest, form: DeadLetterFilter, page) -> 
 @staff_member_required
 @require_GET
 def dead_letter_confirm(request: HttpRequest) -> HttpResponse:
-    """The confirmation of an action on every task the filter matches, with the count."""
+    """The confirmation of an action on every task the filter matches, with the count.
+
+    The confirmation binds: it carries the count and the database's time it was
+    counted at, and the action takes only matching tasks that were dead by then, and
+    no more of them than were counted (a task dying meanwhile is left alone; one
+    revived elsewhere meanwhile is simply not there any more).
+    """
     action = request.GET.get("action")
     if action not in ("revive", "cancel"):
         return HttpResponseBadRequest("action must be revive or cancel")
     _require(request, action)
     form = DeadLetterFilter(request.GET)
-    return render(
-        request,
-        "dashboard/_dead_letter_confirm.html",
-        {"action": action, "count": form.tasks().count(), "filter_values": form.as_record()},
-    )
+    confirmed_at = queries.database_clock()
+    context = {
+        "action": action,
+        "count": _dead_by(form, confirmed_at).count(),
+        "confirmed_at": confirmed_at.isoformat(),
+        "filter_values": form.as_record(),
+    }
+    return render(request, "dashboard/_dead_letter_confirm.html", context)
+
+
+def _dead_by(form: DeadLetterFilter, confirmed_at: datetime) -> QuerySet[Task]:
+    return form.tasks().filter(finished_at__lte=confirmed_at)
 
 
 @staff_member_required
 @require_POST
 def dead_letter_act(request: HttpRequest) -> HttpResponse:
-    """Revive or cancel the selected tasks (``ids``) or every one the filter matches
-    (``scope=all``); answers with the refreshed results."""
+    """Revive or cancel the selected tasks (``ids``) or every one the filter matched
+    when the operator confirmed (``scope=all`` with ``confirmed_at`` and
+    ``confirmed_count``); answers with the refreshed results."""
     action = request.POST.get("action")
     if action not in ("revive", "cancel"):
         return HttpResponseBadRequest("action must be revive or cancel")
@@ -126,8 +146,16 @@ def dead_letter_act(request: HttpRequest) -> HttpResponse:
         return HttpResponseBadRequest(f"invalid filter: {form.errors.as_text()}")
     matched_filter = None
     if request.POST.get("scope") == "all":
-        ids = list(form.tasks().values_list("id", flat=True))
-        matched_filter = form.as_record()
+        confirmed_at, confirmed_count = _confirmation(request.POST)
+        if confirmed_at is None or confirmed_count is None:
+            return HttpResponseBadRequest(
+                "confirmed_at, confirmed_count: the confirmation's time and count are required"
+            )
+        ids = list(_dead_by(form, confirmed_at).values_list("id", flat=True))
+        if len(ids) > confirmed_count:  # possible only within a commit's latency
+            messages.error(request, "More tasks match than you confirmed: confirm again.")
+            return _dead_letter_results(request, form)
+        matched_filter = form.as_record() | {"confirmed_at": confirmed_at.isoformat()}
     else:
         try:
             ids = [UUID(value) for value in request.POST.getlist("ids")]
@@ -144,8 +172,26 @@ def dead_letter_act(request: HttpRequest) -> HttpResponse:
     else:
         done = len(operations.cancel(ids, **common))
         messages.success(request, f"Cancelled {done} task(s).")
+    return _dead_letter_results(request, form)
+
+
+def _confirmation(data: QueryDict) -> tuple[datetime | None, int | None]:
+    """The confirmation's time (timezone-aware) and count, or None for a bad one."""
+    try:
+        confirmed_at = parse_datetime(data.get("confirmed_at", ""))
+        confirmed_count = int(data.get("confirmed_count", ""))
+    except ValueError:  # parse_datetime: well formed but impossible
+        return None, None
+    if confirmed_at is None or timezone.is_naive(confirmed_at) or confirmed_count < 0:
+        return None, None
+    return confirmed_at, confirmed_count
+
+
+def _dead_letter_results(request: HttpRequest, form: DeadLetterFilter) -> HttpResponse:
+    """The first page of results after an action. Its outcome goes to the layout's
+    message area, outside the results, so that a reload of them (live.js) keeps it."""
     page = Paginator(form.tasks(), PAGE_SIZE).get_page(1)
-    context = _dead_letter_context(request, form, page)
+    context = _dead_letter_context(request, form, page) | {"acted": True}
     return render(request, "dashboard/_dead_letter_results.html", context)
 
 

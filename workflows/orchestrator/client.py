@@ -11,6 +11,9 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+# Where the orchestrator finds its token when --token is not given.
+TOKEN_VARIABLE = "AUTOMECHANICA_API_TOKEN"
+
 
 class ApiError(Exception):
     """The API answered with an error status; ``body`` is its error body."""

@@ -9,6 +9,7 @@ orchestrator with a stream of supplier feeds, some of whose parts fail. Ctrl-C (
 SIGTERM) stops every process gracefully; a second Ctrl-C stops them at once.
 """
 
+import os
 import secrets
 import signal
 import subprocess
@@ -25,6 +26,7 @@ from django.utils import timezone
 from agents_app import registry
 from automechanica.api.models import ApiToken
 from automechanica.api.tokens import create_token
+from workflows.orchestrator.client import TOKEN_VARIABLE
 
 DEMO_TOKEN_NAME = "demo orchestrator"
 
@@ -66,17 +68,20 @@ class Command(BaseCommand):
         ]  # fmt: skip
         commands["maintenance"] = ["manage.py", "runmaintenance"]
         url = f"http://{options['host']}:{options['port']}"
+        environments = {}
         if options["demo"]:
-            api_url = f"http://127.0.0.1:{options['port']}"
+            api_url = _local_url(options["host"], options["port"])
             commands["demo orchestrator"] = [
-                "manage.py", "runorchestrator", "--api", api_url,
-                "--token", _demo_token(), "--demo-every", "4",
+                "manage.py", "runorchestrator", "--api", api_url, "--demo-every", "4",
             ]  # fmt: skip
+            # In its environment, not its argv (which ps shows), and only in its own.
+            environments["demo orchestrator"] = os.environ | {TOKEN_VARIABLE: _demo_token()}
         self.stdout.write(f"dashboard: {url}/   admin: {url}/admin/   API docs: {url}/api/docs")
         workers = {
             name: subprocess.Popen(
                 [sys.executable, *command],
                 cwd=settings.BASE_DIR,
+                env=environments.get(name),  # None: this process's environment
                 # Their own session: a terminal's Ctrl-C reaches only this process,
                 # which passes on one SIGTERM per Ctrl-C (two would skip the grace).
                 start_new_session=True,
@@ -119,6 +124,15 @@ class Command(BaseCommand):
                 "  (shown this once; change it in the admin or with `manage.py changepassword`)"
             )
         )
+
+
+def _local_url(host: str, port: int) -> str:
+    """The server's address as seen from this machine (a wildcard bind is not one)."""
+    if host in ("0.0.0.0", "::", "[::]", ""):
+        host = "127.0.0.1"
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 address
+    return f"http://{host}:{port}"
 
 
 def _demo_token() -> str:

@@ -1,9 +1,10 @@
-"""``manage.py runorchestrator --api URL --token TOKEN``: the reference orchestrator."""
+"""``manage.py runorchestrator --api URL [--token TOKEN]``: the reference orchestrator."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import signal
 import threading
@@ -13,12 +14,14 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from workflows.orchestrator.client import ApiClient, ApiError
+from workflows.orchestrator.client import TOKEN_VARIABLE, ApiClient, ApiError
 from workflows.orchestrator.definitions import Definition, DefinitionError, load_all
 from workflows.orchestrator.demo import demo_feed
 from workflows.orchestrator.driver import Orchestrator
 
 logger = logging.getLogger(__name__)
+
+DEMO_DEFINITION = "supplier_onboarding"
 
 
 class Command(BaseCommand):
@@ -29,7 +32,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--api", required=True, help="the server, e.g. http://127.0.0.1:8000")
-        parser.add_argument("--token", required=True, help="an API token with scope write")
+        parser.add_argument(
+            "--token",
+            default=os.environ.get(TOKEN_VARIABLE),
+            help=f"an API token with scope write (default: ${TOKEN_VARIABLE}, which keeps "
+            "it out of the process list)",
+        )
         parser.add_argument(
             "--start", metavar="DEFINITION", help="start a workflow of this definition first"
         )
@@ -55,6 +63,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if not options["token"]:
+            raise CommandError(f"an API token is needed: --token or ${TOKEN_VARIABLE}")
         try:
             definitions = load_all(*options["definitions"])
         except (OSError, ValueError, DefinitionError) as error:
@@ -72,7 +82,9 @@ class Command(BaseCommand):
                 self.stdout.write(workflow_id)
             demo = None
             if options["demo_every"]:
-                demo = (definitions["supplier_onboarding"], options["demo_every"])
+                if DEMO_DEFINITION not in definitions:
+                    raise CommandError(f"--demo-every needs the {DEMO_DEFINITION} definition")
+                demo = (definitions[DEMO_DEFINITION], options["demo_every"])
             self._loop(orchestrator, stop, options["poll"], options["once"], demo)
         except ApiError as error:
             raise CommandError(str(error)) from None
@@ -97,6 +109,10 @@ class Command(BaseCommand):
                 if once:
                     raise CommandError(f"cannot reach the API: {error}") from None
                 logger.warning("cannot reach the API (%s); trying again", error)
+            except ApiError as error:
+                if once or error.status < 500:  # a refused token will not get better
+                    raise
+                logger.warning("the API failed (%s); trying again", error)
             if once or stop.wait(poll):
                 return
 
