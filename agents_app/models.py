@@ -7,6 +7,7 @@ time (docs/architecture.md). The rows are inserted from the parent rows the same
 statement returns, so they cannot dangle; deleting a task deletes them (ORM cascade).
 """
 
+from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 from django.db.models.functions import Now
 
@@ -38,7 +39,11 @@ class AgentEvent(models.Model):
     class Meta:
         db_table = "agent_events"
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["agent_name", "created_at"], name="agent_events_agent_idx")]
+        indexes = [
+            models.Index(fields=["agent_name", "created_at"], name="agent_events_agent_idx"),
+            # Retention finds old events by time; rows arrive in time order.
+            BrinIndex(fields=["created_at"], name="agent_events_created_brin"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.agent_name} {self.event_type} #{self.pk}"
@@ -74,3 +79,23 @@ class EmbeddingJob(models.Model):
 
     def __str__(self) -> str:
         return f"embedding job #{self.pk} ({self.status})"
+
+
+class DailyReport(models.Model):
+    """The AnalyticsAgent's report of one UTC day (``agents_app.analytics``); a
+    partial one (the day was not over) is replaced when the report runs again."""
+
+    day = models.DateField(primary_key=True)
+    report = models.JSONField()
+    partial = models.BooleanField()
+    generated_at = models.DateTimeField(db_default=Now())
+    # The task that wrote it (not a foreign key: retention prunes tasks, not reports).
+    task_id = models.UUIDField(null=True, blank=True)
+
+    class Meta:
+        db_table = "daily_reports"
+        ordering = ["-day"]
+        permissions = [("run_daily_report", "Can run the daily report on demand")]
+
+    def __str__(self) -> str:
+        return f"daily report {self.day}{' (partial)' if self.partial else ''}"

@@ -123,6 +123,19 @@ QUEUE_LEASE_SECONDS = float(os.environ.get("QUEUE_LEASE_SECONDS", 30))
 QUEUE_POLL_SECONDS = float(os.environ.get("QUEUE_POLL_SECONDS", 5))
 QUEUE_REAPER_SECONDS = float(os.environ.get("QUEUE_REAPER_SECONDS", 5))
 QUEUE_SHUTDOWN_GRACE_SECONDS = float(os.environ.get("QUEUE_SHUTDOWN_GRACE_SECONDS", 10))
+# Metric rollups (task_queue.metrics): a bucket is computed once it ended this long
+# ago (outcomes committing late still land in it), and a first run looks this far back.
+QUEUE_METRICS_GRACE_SECONDS = float(os.environ.get("QUEUE_METRICS_GRACE_SECONDS", 30))
+QUEUE_METRICS_BACKFILL_DAYS = float(os.environ.get("QUEUE_METRICS_BACKFILL_DAYS", 7))
+# Retention (task_queue.retention): completed and cancelled tasks and their history
+# go this long after they finished; agent events (the agents' memory) after theirs.
+QUEUE_RETENTION_DAYS = float(os.environ.get("QUEUE_RETENTION_DAYS", 7))
+AGENT_EVENT_RETENTION_DAYS = float(os.environ.get("AGENT_EVENT_RETENTION_DAYS", 90))
+# GET /metrics (Prometheus) answers these networks without a token (comma-separated,
+# e.g. "127.0.0.1/32,10.0.0.0/8"); others need an API token or a staff session.
+METRICS_ALLOWED_NETWORKS = [
+    n.strip() for n in os.environ.get("METRICS_ALLOWED_NETWORKS", "").split(",") if n.strip()
+]
 # The largest task payload accepted, as JSON (the API answers 413 beyond it).
 QUEUE_MAX_PAYLOAD_BYTES = int(os.environ.get("QUEUE_MAX_PAYLOAD_BYTES", 1024 * 1024))
 
@@ -145,5 +158,6 @@ AGENT_MODULES = [
     "agents_app.agents.supplier",
     "agents_app.agents.pricing",
     "agents_app.agents.seo",
+    "agents_app.agents.analytics",
     *filter(None, os.environ.get("AUTOMECHANICA_AGENT_MODULES", "").split(",")),
 ]

@@ -204,7 +204,8 @@ class WorkerAdmin(ReadOnlyAdmin):
 @admin.register(TaskQueueMetric)
 class TaskQueueMetricAdmin(ReadOnlyAdmin):
     list_display = ["bucket_start", "bucket_seconds", "agent_name", "tasks_created",
-                    "tasks_completed", "tasks_failed", "tasks_dead", "average_latency"]  # fmt: skip
+                    "tasks_completed", "tasks_failed", "tasks_dead", "tasks_retried",
+                    "queue_wait_p50", "run_time_p50", "worker_heartbeat_delay"]  # fmt: skip
     list_filter = [AgentFilter, "bucket_seconds"]
     ordering = ["-bucket_start"]
 

@@ -257,6 +257,19 @@ registered AS (
     ON CONFLICT (worker_id) DO UPDATE
     SET last_heartbeat_at = EXCLUDED.last_heartbeat_at, in_flight = EXCLUDED.in_flight,
         memory_bytes = EXCLUDED.memory_bytes
+),
+-- The statement sees workers as it was before: the gap is since the last heartbeat.
+gap AS (
+    SELECT EXTRACT(EPOCH FROM {_NOW} - last_heartbeat_at)::float8 AS seconds
+    FROM workers WHERE worker_id = %(owner)s
+),
+counted AS (
+    INSERT INTO worker_heartbeats AS w (worker_id, minute, agents, beats, max_gap_seconds)
+    SELECT %(owner)s, date_bin('1 minute', {_NOW}, 'epoch'), %(agents)s::text[], 1,
+           (SELECT seconds FROM gap)
+    ON CONFLICT (worker_id, minute) DO UPDATE
+    SET beats = w.beats + 1,
+        max_gap_seconds = greatest(w.max_gap_seconds, EXCLUDED.max_gap_seconds)
 )
 SELECT * FROM extended
 """
@@ -501,6 +514,14 @@ TRY_ADVISORY_XACT_LOCK = "SELECT pg_try_advisory_xact_lock(%(key)s)"
 def try_advisory_xact_lock(key: int) -> bool:
     """Take a cluster-wide lock until the current transaction ends, if it is free."""
     return _rows(TRY_ADVISORY_XACT_LOCK, {"key": key})[0][0]
+
+
+ADVISORY_XACT_LOCK = "SELECT pg_advisory_xact_lock(%(key)s)"
+
+
+def advisory_xact_lock(key: int) -> None:
+    """Take a cluster-wide lock until the current transaction ends, waiting for it."""
+    _rows(ADVISORY_XACT_LOCK, {"key": key})
 
 
 REAP_EXPIRED_LEASES = f"""
@@ -853,14 +874,28 @@ def estimated_table_rows() -> float:
 
 # Completions and failures per minute over the last hour (the overview's charts), from
 # tasks_finished_idx. Minutes with none are absent.
+# Completions and failures per minute over the last hour (the overview's charts): the
+# minute rollups where they are computed, and from the tasks (tasks_finished_idx)
+# for the minutes since. Minutes with none are absent.
 FINISHED_PER_MINUTE = """
-SELECT date_bin('1 minute', finished_at, 'epoch') AS minute,
-       count(*) FILTER (WHERE status = 'completed'),
-       count(*) FILTER (WHERE status IN ('failed', 'dead'))
-FROM tasks
-WHERE status IN ('completed', 'failed', 'dead', 'cancelled')
-  AND finished_at >= date_bin('1 minute', now(), 'epoch') - interval '59 minutes'
-GROUP BY minute
+WITH bounds AS (
+    SELECT date_bin('1 minute', now(), 'epoch') - interval '59 minutes' AS hour_start,
+           COALESCE((SELECT computed_until FROM metrics_rollup_progress
+                     WHERE bucket_seconds = 60), '-infinity') AS rolled_until
+)
+SELECT m.bucket_start, sum(m.tasks_completed)::int, sum(m.tasks_failed + m.tasks_dead)::int
+FROM task_queue_metrics m, bounds
+WHERE m.bucket_seconds = 60 AND m.bucket_start >= bounds.hour_start
+  AND m.bucket_start < bounds.rolled_until
+GROUP BY m.bucket_start
+UNION ALL
+SELECT date_bin('1 minute', t.finished_at, 'epoch'),
+       count(*) FILTER (WHERE t.status = 'completed'),
+       count(*) FILTER (WHERE t.status IN ('failed', 'dead'))
+FROM tasks t, bounds
+WHERE t.status IN ('completed', 'failed', 'dead', 'cancelled')
+  AND t.finished_at >= greatest(bounds.hour_start, bounds.rolled_until)
+GROUP BY 1
 """
 
 
@@ -889,6 +924,338 @@ def _rows_nofetch(sql: str, params: dict[str, Any]) -> int:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
+
+
+# ---------------------------------------------------------------- metric rollups
+
+
+def _histogram(name: str, source: str, column: str) -> str:
+    """Two CTEs: ``{name}`` holds, per bucket and agent, the counts of ``column`` in
+    each slot of %(bounds)s (slot i: from bound i-1 to bound i; 0 below the first,
+    the last beyond the last), as one array with a zero for each empty slot."""
+    return f"""
+{name}_slots AS (
+    SELECT bucket, agent_name, width_bucket({column}, %(bounds)s::float8[]) AS slot,
+           count(*) AS n
+    FROM {source} WHERE {column} IS NOT NULL GROUP BY 1, 2, 3
+),
+{name} AS (
+    SELECT k.bucket, k.agent_name, array_agg(COALESCE(c.n, 0) ORDER BY s.slot) AS counts
+    FROM (SELECT DISTINCT bucket, agent_name FROM {name}_slots) AS k
+    CROSS JOIN generate_series(0, cardinality(%(bounds)s::float8[])) AS s(slot)
+    LEFT JOIN {name}_slots c
+           ON c.bucket = k.bucket AND c.agent_name = k.agent_name AND c.slot = s.slot
+    GROUP BY k.bucket, k.agent_name
+)"""
+
+
+# The figures of every bucket of one width in [since, until), for every agent with
+# anything in it (columns: METRIC_COLUMNS),
+# from the source tables: task_history (each attempt's end: outcomes, run time, error
+# class; task_history_occurred_brin), tasks (created; queue wait of those finished;
+# tasks_created_idx, tasks_finished_idx) and worker_heartbeats. Buckets are aligned
+# on the Unix epoch, so days are UTC days.
+METRIC_COLUMNS = (
+    "bucket_start", "bucket_seconds", "agent_name", "tasks_created", "tasks_completed",
+    "tasks_failed", "tasks_dead", "tasks_retried", "tasks_cancelled", "attempts",
+    "average_latency", "queue_wait_p50", "queue_wait_p95", "run_time_average",
+    "run_time_p50", "run_time_p95", "queue_wait_histogram", "queue_wait_sum",
+    "run_time_histogram", "run_time_sum", "worker_heartbeat_delay", "error_rates_per_agent",
+)  # fmt: skip
+METRICS = f"""
+WITH ended AS (
+    SELECT date_bin(make_interval(secs => %(width)s), h.occurred_at, 'epoch') AS bucket,
+           t.agent_name, h.event, h.to_status, h.error,
+           CASE WHEN h.started_at IS NOT NULL AND h.event <> 'released'
+                THEN EXTRACT(EPOCH FROM h.occurred_at - h.started_at)::float8 END AS run
+    FROM task_history h JOIN tasks t ON t.id = h.task_id
+    WHERE h.occurred_at >= %(since)s AND h.occurred_at < %(until)s
+),
+outcomes AS (
+    SELECT bucket, agent_name,
+           count(*) FILTER (WHERE event = 'completed') AS completed,
+           count(*) FILTER (WHERE event = 'failed') AS failed,
+           count(*) FILTER (WHERE to_status = 'dead' AND event IN ('dead', 'lease_expired'))
+               AS dead,
+           count(*) FILTER (WHERE event = 'retry_scheduled'
+                               OR (event = 'lease_expired' AND to_status = 'pending'))
+               AS retried,
+           count(*) FILTER (WHERE event = 'cancelled') AS cancelled,
+           count(run) AS attempts,
+           avg(run) AS run_average,
+           COALESCE(sum(run), 0) AS run_sum,
+           percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY run) AS run_pct
+    FROM ended GROUP BY bucket, agent_name
+),
+errors AS (
+    SELECT bucket, agent_name, COALESCE(error->>'type', 'unknown') AS error_class,
+           count(*) AS n
+    FROM ended WHERE run IS NOT NULL AND error IS NOT NULL
+    GROUP BY bucket, agent_name, error_class
+),
+created AS (
+    SELECT date_bin(make_interval(secs => %(width)s), created_at, 'epoch') AS bucket,
+           agent_name, count(*) AS n
+    FROM tasks WHERE created_at >= %(since)s AND created_at < %(until)s
+    GROUP BY bucket, agent_name
+),
+finished AS (
+    SELECT date_bin(make_interval(secs => %(width)s), finished_at, 'epoch') AS bucket,
+           agent_name, EXTRACT(EPOCH FROM started_at - available_at)::float8 AS wait
+    FROM tasks
+    WHERE status IN ('completed', 'failed', 'dead', 'cancelled')
+      AND finished_at >= %(since)s AND finished_at < %(until)s
+      AND started_at >= available_at
+),
+waited AS (
+    SELECT bucket, agent_name, avg(wait) AS average, sum(wait) AS total,
+           percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY wait) AS pct
+    FROM finished GROUP BY bucket, agent_name
+),
+{_histogram("run_histogram", "ended", "run")},
+{_histogram("wait_histogram", "finished", "wait")},
+beats AS (
+    SELECT date_bin(make_interval(secs => %(width)s), minute, 'epoch') AS bucket,
+           agent AS agent_name, max(max_gap_seconds) AS delay
+    FROM worker_heartbeats CROSS JOIN LATERAL unnest(agents) AS agent
+    WHERE minute >= %(since)s AND minute < %(until)s
+    GROUP BY bucket, agent
+),
+buckets AS (
+    SELECT bucket, agent_name FROM outcomes UNION SELECT bucket, agent_name FROM created
+    UNION SELECT bucket, agent_name FROM waited UNION SELECT bucket, agent_name FROM beats
+)
+SELECT b.bucket, %(width)s, b.agent_name, COALESCE(c.n, 0), COALESCE(o.completed, 0),
+       COALESCE(o.failed, 0), COALESCE(o.dead, 0), COALESCE(o.retried, 0),
+       COALESCE(o.cancelled, 0), COALESCE(o.attempts, 0), w.average, w.pct[1], w.pct[2],
+       o.run_average, o.run_pct[1], o.run_pct[2], COALESCE(wh.counts, '{{}}'),
+       COALESCE(w.total, 0), COALESCE(rh.counts, '{{}}'), COALESCE(o.run_sum, 0), beats.delay,
+       COALESCE((SELECT jsonb_object_agg(e.error_class, jsonb_build_object(
+                     'count', e.n, 'rate', round(e.n::numeric / o.attempts, 4)))
+                 FROM errors e
+                 WHERE e.bucket = b.bucket AND e.agent_name = b.agent_name), '{{}}')
+FROM buckets b
+LEFT JOIN outcomes o USING (bucket, agent_name)
+LEFT JOIN created c USING (bucket, agent_name)
+LEFT JOIN waited w USING (bucket, agent_name)
+LEFT JOIN wait_histogram wh USING (bucket, agent_name)
+LEFT JOIN run_histogram rh USING (bucket, agent_name)
+LEFT JOIN beats USING (bucket, agent_name)
+"""
+INSERT_METRICS = f"INSERT INTO task_queue_metrics ({', '.join(METRIC_COLUMNS)}) {METRICS}"
+
+DELETE_METRICS = """
+DELETE FROM task_queue_metrics
+WHERE bucket_seconds = %(width)s AND bucket_start >= %(since)s AND bucket_start < %(until)s
+"""
+
+
+def recompute_metrics(
+    width: int, since: datetime, until: datetime, histogram_bounds: Sequence[float]
+) -> int:
+    """Replace the rollups of the ``width``-second buckets in [since, until) (bounds on
+    bucket edges) with figures computed afresh; returns the rows written. Run it in a
+    transaction: the old rows go and the new ones come at once."""
+    params = {
+        "width": width,
+        "since": since,
+        "until": until,
+        "bounds": [float(b) for b in histogram_bounds],
+    }
+    _rows_nofetch(DELETE_METRICS, params)
+    return _rows_nofetch(INSERT_METRICS, params)
+
+
+def compute_metrics(
+    width: int, since: datetime, until: datetime, histogram_bounds: Sequence[float]
+) -> list[dict[str, Any]]:
+    """The figures of the ``width``-second buckets in [since, until), computed now
+    and stored nowhere (a bucket not closed yet, or the tail after the rollups)."""
+    params = {
+        "width": width,
+        "since": since,
+        "until": until,
+        "bounds": [float(b) for b in histogram_bounds],
+    }
+    rows = [dict(zip(METRIC_COLUMNS, row, strict=True)) for row in _rows(METRICS, params)]
+    for row in rows:  # jsonb comes back as text from raw SQL here
+        row["error_rates_per_agent"] = json.loads(row["error_rates_per_agent"])
+    return rows
+
+
+def metrics_since(since: datetime, histogram_bounds: Sequence[float]) -> list[dict[str, Any]]:
+    """Per agent, the figures of everything from ``since`` on, as one bucket (the
+    part of the counters that no rollup holds yet)."""
+    until = datetime.max.replace(tzinfo=since.tzinfo)
+    return compute_metrics(100 * 365 * 86400, since, until, histogram_bounds)
+
+
+# The stored rollups that together cover everything rolled up, each moment once:
+# days up to the day progress, then hours, then minutes; and where they end (what
+# comes after is in no rollup yet).
+ROLLED_UP_TOTALS = """
+WITH progress AS (
+    SELECT COALESCE(max(computed_until) FILTER (WHERE bucket_seconds = 86400), 'epoch')
+               AS days,
+           COALESCE(max(computed_until) FILTER (WHERE bucket_seconds = 3600), 'epoch')
+               AS hours,
+           COALESCE(max(computed_until) FILTER (WHERE bucket_seconds = 60), 'epoch')
+               AS minutes
+    FROM metrics_rollup_progress
+),
+edges AS (
+    SELECT days, greatest(days, hours) AS hours, greatest(days, hours, minutes) AS minutes
+    FROM progress
+)
+SELECT edges.minutes, m.agent_name, m.tasks_created, m.tasks_completed, m.tasks_failed,
+       m.tasks_dead, m.tasks_retried, m.tasks_cancelled, m.queue_wait_histogram,
+       m.queue_wait_sum, m.run_time_histogram, m.run_time_sum
+FROM edges
+LEFT JOIN task_queue_metrics m
+       ON (m.bucket_seconds = 86400 AND m.bucket_start < edges.days)
+       OR (m.bucket_seconds = 3600 AND m.bucket_start >= edges.days
+           AND m.bucket_start < edges.hours)
+       OR (m.bucket_seconds = 60 AND m.bucket_start >= edges.hours
+           AND m.bucket_start < edges.minutes)
+"""
+TOTAL_COLUMNS = (
+    "agent_name", "tasks_created", "tasks_completed", "tasks_failed", "tasks_dead",
+    "tasks_retried", "tasks_cancelled", "queue_wait_histogram", "queue_wait_sum",
+    "run_time_histogram", "run_time_sum",
+)  # fmt: skip
+
+
+def rolled_up_totals() -> tuple[datetime, list[dict[str, Any]]]:
+    """Where the rollups end (the Unix epoch: none yet) and the rollup rows that cover
+    everything before it once (TOTAL_COLUMNS each)."""
+    rows = _rows(ROLLED_UP_TOTALS, {})
+    return rows[0][0], [dict(zip(TOTAL_COLUMNS, r[1:], strict=True)) for r in rows if r[1]]
+
+
+ROLLUP_PROGRESS = """
+SELECT computed_until FROM metrics_rollup_progress WHERE bucket_seconds = %(width)s
+"""
+
+SET_ROLLUP_PROGRESS = """
+INSERT INTO metrics_rollup_progress (bucket_seconds, computed_until)
+VALUES (%(width)s, %(until)s)
+ON CONFLICT (bucket_seconds) DO UPDATE SET computed_until = EXCLUDED.computed_until
+"""
+
+
+def rollup_progress(width: int) -> datetime | None:
+    """Where the rollups of this width stop (every bucket before it is computed)."""
+    rows = _rows(ROLLUP_PROGRESS, {"width": width})
+    return rows[0][0] if rows else None
+
+
+def set_rollup_progress(width: int, until: datetime) -> None:
+    _rows_nofetch(SET_ROLLUP_PROGRESS, {"width": width, "until": until})
+
+
+# ---------------------------------------------------------------- retention
+
+# Completed and cancelled tasks are final: nothing changes them again, so deleting
+# them races with no worker. Rows someone has locked anyway (an operator's action
+# looking at them) are skipped, never waited for. A task of a workflow goes only with
+# its workflow (PRUNE_FINISHED_WORKFLOWS), so that no workflow loses some of its tasks
+# and shows a status its history does not support.
+PRUNE_FINISHED_TASKS = """
+WITH doomed AS (
+    SELECT id FROM tasks
+    WHERE status IN ('completed', 'cancelled') AND finished_at < %(cutoff)s
+      AND workflow_id IS NULL
+    ORDER BY finished_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+),
+history AS (
+    DELETE FROM task_history h USING doomed WHERE h.task_id = doomed.id
+)
+DELETE FROM tasks t USING doomed WHERE t.id = doomed.id
+"""
+
+# Closed (or cancelled) workflows created before the cutoff whose every task was
+# completed or cancelled before it: the workflow, its tasks and their history.
+PRUNE_FINISHED_WORKFLOWS = """
+WITH doomed AS (
+    SELECT w.id FROM workflows w
+    WHERE (NOT w.open OR w.cancelled_at IS NOT NULL) AND w.created_at < %(cutoff)s
+      AND NOT EXISTS (
+          SELECT FROM tasks t
+          WHERE t.workflow_id = w.id
+            AND (t.status NOT IN ('completed', 'cancelled') OR t.finished_at >= %(cutoff)s))
+    ORDER BY w.created_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+),
+doomed_tasks AS (
+    SELECT t.id FROM tasks t JOIN doomed ON t.workflow_id = doomed.id
+),
+history AS (
+    DELETE FROM task_history h USING doomed_tasks d WHERE h.task_id = d.id
+),
+tasks_gone AS (
+    DELETE FROM tasks t USING doomed_tasks d WHERE t.id = d.id RETURNING t.id
+),
+workflows_gone AS (
+    DELETE FROM workflows w USING doomed WHERE w.id = doomed.id RETURNING w.id
+)
+SELECT (SELECT count(*) FROM tasks_gone), (SELECT count(*) FROM workflows_gone)
+"""
+
+# Agent events (the agents' memory) have their own, longer retention; their
+# embedding jobs go with them.
+PRUNE_AGENT_EVENTS = """
+WITH doomed AS (
+    SELECT id FROM agent_events WHERE created_at < %(cutoff)s
+    ORDER BY created_at LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+),
+jobs AS (
+    DELETE FROM embedding_jobs j USING doomed WHERE j.agent_event_id = doomed.id
+)
+DELETE FROM agent_events e USING doomed WHERE e.id = doomed.id
+"""
+
+# Heartbeat counts once every width has rolled them up; minute rollups once the
+# hours hold them (hours and days are kept).
+PRUNE_WORKER_HEARTBEATS = """
+DELETE FROM worker_heartbeats
+WHERE minute < %(cutoff)s
+  AND minute < (SELECT min(computed_until) FROM metrics_rollup_progress)
+"""
+
+PRUNE_MINUTE_METRICS = """
+DELETE FROM task_queue_metrics
+WHERE bucket_seconds = 60 AND bucket_start < %(cutoff)s
+  AND bucket_start < (SELECT computed_until FROM metrics_rollup_progress
+                      WHERE bucket_seconds = 3600)
+"""
+
+
+def prune_finished_tasks(*, cutoff: datetime, batch: int) -> int:
+    """Delete up to ``batch`` completed or cancelled tasks outside any workflow that
+    finished before ``cutoff``, with their history; returns how many."""
+    return _rows_nofetch(PRUNE_FINISHED_TASKS, {"cutoff": cutoff, "batch": batch})
+
+
+def prune_finished_workflows(*, cutoff: datetime, batch: int) -> tuple[int, int]:
+    """Delete up to ``batch`` finished workflows with their tasks and history;
+    returns (tasks, workflows) deleted."""
+    return _rows(PRUNE_FINISHED_WORKFLOWS, {"cutoff": cutoff, "batch": batch})[0]
+
+
+def prune_agent_events(*, cutoff: datetime, batch: int) -> int:
+    return _rows_nofetch(PRUNE_AGENT_EVENTS, {"cutoff": cutoff, "batch": batch})
+
+
+def prune_worker_heartbeats(*, cutoff: datetime) -> int:
+    return _rows_nofetch(PRUNE_WORKER_HEARTBEATS, {"cutoff": cutoff})
+
+
+def prune_minute_metrics(*, cutoff: datetime) -> int:
+    return _rows_nofetch(PRUNE_MINUTE_METRICS, {"cutoff": cutoff})
 
 
 # ---------------------------------------------------------------- benchmark

@@ -1,4 +1,4 @@
-"""Queue counts for `queue_stats` and, later, the API and dashboard."""
+"""Queue counts for `queue_stats`, the API, the dashboard and Prometheus."""
 
 from typing import Any
 
@@ -8,6 +8,25 @@ from .models import TaskStatus
 # Below this many rows (the planner's estimate) the tasks table is counted exactly;
 # above it, dashboards take the planner's figures for the bulk of finished tasks.
 EXACT_COUNT_BELOW_ROWS = 100_000
+ESTIMATED_STATUSES = (TaskStatus.COMPLETED, TaskStatus.CANCELLED)
+
+
+def task_counts() -> tuple[list[tuple[str, str, int]], bool]:
+    """(agent, status, count) rows, and whether completed and cancelled are estimates.
+
+    Pending, held, dead and failed tasks are always counted exactly (their partial
+    indexes); completed and cancelled ones, the bulk of a large table, are taken from
+    the planner's statistics once the table holds EXACT_COUNT_BELOW_ROWS rows.
+    """
+    estimates = []
+    if queries.estimated_table_rows() >= EXACT_COUNT_BELOW_ROWS:
+        estimates = queries.estimate_tasks_by_agent_and_status()
+    if not estimates:
+        # No statistics (a small table, never analysed, or statistics this role may
+        # not read): count exactly, slower at scale but never wrong.
+        return queries.count_tasks_by_agent_and_status(), False
+    finished = [row for row in estimates if row[1] in ESTIMATED_STATUSES]
+    return queries.count_open_tasks() + finished, True
 
 
 def queue_stats() -> dict[str, Any]:

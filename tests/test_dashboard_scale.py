@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from automechanica.dashboard import overview
-from task_queue import queries
+from task_queue import queries, stats
 from task_queue.models import Task
 
 pytestmark = pytest.mark.django_db
@@ -33,7 +33,7 @@ def test_the_overview_estimates_finished_tasks_on_a_large_table(monkeypatch):
     call_command("seed_tasks", count=20_000, stdout=io.StringIO())
     exact = overview.take_snapshot()
     assert not exact.estimated
-    monkeypatch.setattr(overview, "EXACT_COUNT_BELOW_ROWS", 0)
+    monkeypatch.setattr(stats, "EXACT_COUNT_BELOW_ROWS", 0)
     estimated = overview.take_snapshot()
     assert estimated.estimated
     # Open statuses stay exact; completed comes from the statistics, within a few %.
@@ -48,7 +48,7 @@ def test_a_role_that_may_not_read_the_statistics_gets_exact_counts(monkeypatch):
 
     call_command("seed_tasks", count=5_000, stdout=io.StringIO())
     exact = overview.take_snapshot()
-    monkeypatch.setattr(overview, "EXACT_COUNT_BELOW_ROWS", 0)
+    monkeypatch.setattr(stats, "EXACT_COUNT_BELOW_ROWS", 0)
     with connection.cursor() as cursor:  # rolled back with the test's transaction
         cursor.execute("CREATE ROLE dashboard_reader")
         cursor.execute("GRANT SELECT ON ALL TABLES IN SCHEMA public TO dashboard_reader")

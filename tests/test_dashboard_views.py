@@ -16,6 +16,7 @@ from django.urls import reverse
 from task_queue import operations
 from task_queue.models import OperatorAction, PausedAgent, Task, TaskHistory, TaskStatus
 from tests.support.queue import complete_pending, fail_pending
+from tests.support.users import staff as new_staff
 
 pytestmark = pytest.mark.django_db
 
@@ -23,15 +24,7 @@ PAGES = ["/", "/dead-letter/", "/workers/", "/workflows/", "/audit/"]
 
 
 def staff(*perms: str, username: str = "ops") -> Client:
-    user = User.objects.create_user(username, password="pw", is_staff=True)
-    for perm in perms:
-        app_label, codename = perm.split(".")
-        user.user_permissions.add(
-            Permission.objects.get(content_type__app_label=app_label, codename=codename)
-        )
-    client = Client()
-    client.force_login(user)
-    return client
+    return new_staff(*perms, username=username)
 
 
 OPERATOR = ("queue.revive_task", "queue.cancel_task", "queue.pause_agent")

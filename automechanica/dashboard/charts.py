@@ -14,10 +14,18 @@ WIDTH, HEIGHT, GAP = 600, 120, 1
 def per_minute_bars(
     minutes: Sequence[tuple[datetime, int]], *, title: str, css_class: str
 ) -> SafeString:
-    """One bar per minute, scaled to the busiest minute, each with a tooltip."""
-    peak = max((n for _, n in minutes), default=0) or 1
-    slot = WIDTH / max(len(minutes), 1)
-    bars = format_html_join(
+    """One bar per minute (the overview's last hour)."""
+    labelled = [(minute.strftime("%H:%M"), n) for minute, n in minutes]
+    return bars(labelled, title=title, css_class=css_class, span="per minute, last hour")
+
+
+def bars(
+    labelled: Sequence[tuple[str, int]], *, title: str, css_class: str, span: str
+) -> SafeString:
+    """One bar per (label, count), scaled to the largest, each with a tooltip."""
+    peak = max((n for _, n in labelled), default=0) or 1
+    slot = WIDTH / max(len(labelled), 1)
+    rects = format_html_join(
         "",
         '<rect x="{}" y="{}" width="{}" height="{}"><title>{} {}: {}</title></rect>',
         (
@@ -27,20 +35,21 @@ def per_minute_bars(
                 f"{HEIGHT - n / peak * HEIGHT:.1f}",
                 f"{max(slot - GAP, 1):.1f}",
                 f"{n / peak * HEIGHT:.1f}",
-                minute.strftime("%H:%M"),
+                label,
                 title,
                 n,
             )
-            for i, (minute, n) in enumerate(minutes)
+            for i, (label, n) in enumerate(labelled)
         ),
     )
     return format_html(
         '<svg class="chart {}" viewBox="0 0 {} {}" preserveAspectRatio="none" role="img" '
-        'aria-label="{} per minute, last hour, peak {}">{}</svg>',
+        'aria-label="{} {}, peak {}">{}</svg>',
         css_class,
         WIDTH,
         HEIGHT,
         title,
+        span,
         peak,
-        bars,
+        rects,
     )

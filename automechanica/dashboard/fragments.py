@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.paginator import Paginator
 from django.template.loader import render_to_string
@@ -43,6 +44,8 @@ def overview_context(snapshot: Snapshot, *, can_pause: bool) -> dict[str, Any]:
             title="failed or dead",
             css_class="chart-failed",
         ),
+        "retention_days": settings.QUEUE_RETENTION_DAYS,
+        "event_retention_days": settings.AGENT_EVENT_RETENTION_DAYS,
     }
 
 

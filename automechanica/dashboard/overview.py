@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db.models import Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from agents_app import registry
-from task_queue import operations, queries
-from task_queue.models import PausedAgent, TaskStatus, Worker
-from task_queue.stats import EXACT_COUNT_BELOW_ROWS
+from task_queue import operations, queries, stats
+from task_queue.models import PausedAgent, RetentionRun, TaskStatus, Worker
 
-ESTIMATED_STATUSES = (TaskStatus.COMPLETED, TaskStatus.CANCELLED)
 CHART_MINUTES = 60
 
 
@@ -61,6 +61,7 @@ class Snapshot:
     minutes: list[tuple[datetime, int, int]]  # (minute, completed, failed), oldest first
     estimated: bool  # completed and cancelled counts are the planner's estimates
     totals: dict[str, int] = field(default_factory=dict)
+    pruned: dict[str, int] = field(default_factory=dict)  # by retention, last 24 hours
 
 
 def take_snapshot() -> Snapshot:
@@ -68,16 +69,7 @@ def take_snapshot() -> Snapshot:
     names = sorted(registry.names())
     zero = dict.fromkeys(TaskStatus.values, 0)
     counts: dict[str, dict[str, int]] = {name: dict(zero) for name in names}
-    estimates = []
-    if queries.estimated_table_rows() >= EXACT_COUNT_BELOW_ROWS:
-        estimates = queries.estimate_tasks_by_agent_and_status()
-    # No statistics (a small table, never analysed, or statistics this role may not
-    # read): count exactly, slower at scale but never wrong.
-    estimated = bool(estimates)
-    if estimated:
-        rows = queries.count_open_tasks() + [r for r in estimates if r[1] in ESTIMATED_STATUSES]
-    else:
-        rows = queries.count_tasks_by_agent_and_status()
+    rows, estimated = stats.task_counts()
     for agent, status, n in rows:
         counts.setdefault(agent, dict(zero))[status] = n
     lines = {name: AgentLine(name, c) for name, c in sorted(counts.items())}
@@ -103,6 +95,11 @@ def take_snapshot() -> Snapshot:
         minutes=_minutes(now),
         estimated=estimated,
         totals=totals,
+        pruned=RetentionRun.objects.filter(ran_at__gte=now - timedelta(days=1)).aggregate(
+            tasks=Coalesce(Sum("tasks"), 0),
+            workflows=Coalesce(Sum("workflows"), 0),
+            agent_events=Coalesce(Sum("agent_events"), 0),
+        ),
     )
 
 

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import reports, views
 
 app_name = "dashboard"
 
@@ -33,4 +33,16 @@ urlpatterns = [
     path("workflows/", views.workflows, name="workflows"),
     path("workflows/<uuid:workflow_id>/", views.workflow_detail, name="workflow"),
     path("audit/", views.audit, name="audit"),
+    path("reports/daily/", reports.daily_reports, name="daily_reports"),
+    path("reports/daily/run/", reports.run_daily_report, name="run_daily_report"),
+    path("reports/daily/<str:day>/", reports.daily_report, name="daily_report"),
+    *(
+        path(
+            f"reports/daily/<str:day>/report.{fmt}",
+            reports.daily_report_download,
+            {"fmt": fmt},
+            name=f"daily_report_{fmt}",
+        )
+        for fmt in ("json", "csv")
+    ),
 ]

@@ -1,9 +1,12 @@
 """``manage.py runmaintenance``: the queue's housekeeping, on a timer, until SIGTERM.
 
 Each pass gives back tasks whose lease expired and forgets workers that stopped
-heartbeating (the reaper; one process at a time across the cluster, by advisory
-lock). Workers run the same pass themselves; this loop keeps it going when no
-worker is up, and is where periodic jobs such as metric rollups belong.
+heartbeating (the reaper, which workers run too, so it keeps going when no
+maintenance process is up), computes the metric rollups of the buckets that
+closed (``task_queue.metrics``), asks the AnalyticsAgent for yesterday's report once
+that day is rolled up (``agents_app.analytics``), and prunes what is past its retention
+(``task_queue.retention``). Each job runs in one process at a time across the
+cluster, by advisory lock.
 """
 
 from __future__ import annotations
@@ -17,13 +20,17 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError, close_old_connections
 
-from task_queue import reaper
+from agents_app import analytics
+from task_queue import metrics, reaper, retention
 
 logger = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):
-    help = "Run the queue's maintenance (lease reaper, stale workers) every few seconds."
+    help = (
+        "Run the queue's maintenance (lease reaper, stale workers, metric rollups, "
+        "retention) every few seconds."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -44,6 +51,12 @@ class Command(BaseCommand):
                 reaped = reaper.reap_expired_leases()
                 if reaped:
                     self.stdout.write(f"reaper: recovered {len(reaped)} task(s)")
+                rolled_up = metrics.roll_up()
+                if rolled_up:
+                    logger.info("metric rollups written: %s", rolled_up)
+                if analytics.schedule_daily_report():
+                    self.stdout.write("asked the AnalyticsAgent for yesterday's report")
+                retention.prune()
             except DatabaseError as error:
                 logger.warning("maintenance pass failed (%s); trying again", error)
                 close_old_connections()

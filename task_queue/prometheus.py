@@ -1,0 +1,170 @@
+"""``GET /metrics``: the queue in the Prometheus text format, computed at each scrape.
+
+- ``automechanica_tasks{agent,status}``: tasks by status (completed and cancelled
+  estimated on a large table, as on the dashboard);
+- ``automechanica_tasks_{created,completed,failed,dead,retried,cancelled}_total{agent}``:
+  counters, from the metric rollups plus what happened since the last one, so they
+  survive restarts and never reset (the rollups are kept);
+- ``automechanica_task_queue_wait_seconds`` and ``automechanica_task_run_seconds``
+  histograms per agent, likewise; a slot's bound is exclusive (``le`` means < here);
+- ``automechanica_workers_alive{agent}`` and ``automechanica_oldest_pending_age_seconds{agent}``.
+
+Who may scrape: a client from ``METRICS_ALLOWED_NETWORKS`` (none by default), or one
+sending an API token (``Authorization: Bearer``, any scope), or a staff session.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from functools import wraps
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.views.decorators.http import require_safe
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
+
+from agents_app import registry
+from automechanica.api.auth import token_or_staff
+
+from . import queries, stats
+from .models import HISTOGRAM_BOUNDS, TaskStatus, Worker
+
+COUNTERS = ("created", "completed", "failed", "dead", "retried", "cancelled")
+HISTOGRAMS = {
+    "queue_wait": ("automechanica_task_queue_wait_seconds", "From due to started."),
+    "run_time": ("automechanica_task_run_seconds", "From started to the attempt's end."),
+}
+
+
+class QueueCollector:
+    """Reads the database at each scrape (prometheus_client's custom collector)."""
+
+    def collect(self) -> Iterator[Metric]:
+        agents = sorted(registry.names())
+        yield from self._task_counts(agents)
+        yield from self._totals()
+        yield from self._workers_and_backlog(agents)
+
+    def _task_counts(self, agents: list[str]) -> Iterator[Metric]:
+        rows, _ = stats.task_counts()
+        counts = {(agent, status): n for agent, status, n in rows}
+        gauge = GaugeMetricFamily(
+            "automechanica_tasks", "Tasks by agent and status.", labels=["agent", "status"]
+        )
+        for agent in sorted(set(agents) | {agent for agent, _ in counts}):
+            for status in TaskStatus.values:
+                gauge.add_metric([agent, status], counts.get((agent, status), 0))
+        yield gauge
+
+    def _totals(self) -> Iterator[Metric]:
+        totals = cumulative_totals()
+        for name in COUNTERS:
+            counter = CounterMetricFamily(
+                f"automechanica_tasks_{name}", f"Tasks {name}, by agent.", labels=["agent"]
+            )
+            for agent, figures in sorted(totals.items()):
+                counter.add_metric([agent], figures[f"tasks_{name}"])
+            yield counter
+        for key, (metric_name, documentation) in HISTOGRAMS.items():
+            histogram = HistogramMetricFamily(metric_name, documentation, labels=["agent"])
+            for agent, figures in sorted(totals.items()):
+                histogram.add_metric(
+                    [agent],
+                    buckets=_cumulative(figures[f"{key}_histogram"]),
+                    sum_value=figures[f"{key}_sum"],
+                )
+            yield histogram
+
+    def _workers_and_backlog(self, agents: list[str]) -> Iterator[Metric]:
+        now = timezone.now()
+        alive: dict[str, int] = dict.fromkeys(agents, 0)
+        for served, last_beat in Worker.objects.values_list("agents", "last_heartbeat_at"):
+            if (now - last_beat).total_seconds() <= settings.QUEUE_LEASE_SECONDS:
+                for agent in served:
+                    alive[agent] = alive.get(agent, 0) + 1
+        workers = GaugeMetricFamily(
+            "automechanica_workers_alive",
+            "Workers that heartbeat within a lease's length, by agent served.",
+            labels=["agent"],
+        )
+        for agent, n in sorted(alive.items()):
+            workers.add_metric([agent], n)
+        yield workers
+        oldest = GaugeMetricFamily(
+            "automechanica_oldest_pending_age_seconds",
+            "How long the longest-waiting due task has waited (0: none waits).",
+            labels=["agent"],
+        )
+        for agent, age in sorted(queries.oldest_pending_age_by_agent(agents).items()):
+            oldest.add_metric([agent], age or 0.0)
+        yield oldest
+
+
+def cumulative_totals() -> dict[str, dict[str, Any]]:
+    """Per agent, the counters and histograms since the rollups began: the stored
+    rollups, then everything after them, computed now."""
+    rolled_until, rows = queries.rolled_up_totals()
+    rows += queries.metrics_since(rolled_until, HISTOGRAM_BOUNDS)
+    slots = len(HISTOGRAM_BOUNDS) + 1
+    totals: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {
+            **{f"tasks_{name}": 0 for name in COUNTERS},
+            **{f"{key}_histogram": [0] * slots for key in HISTOGRAMS},
+            **{f"{key}_sum": 0.0 for key in HISTOGRAMS},
+        }
+    )
+    for row in rows:
+        figures = totals[row["agent_name"]]
+        for name in COUNTERS:
+            figures[f"tasks_{name}"] += row[f"tasks_{name}"]
+        for key in HISTOGRAMS:
+            for slot, n in enumerate(row[f"{key}_histogram"]):
+                figures[f"{key}_histogram"][slot] += n
+            figures[f"{key}_sum"] += row[f"{key}_sum"]
+    return dict(totals)
+
+
+def _cumulative(slot_counts: list[int]) -> list[tuple[str, int]]:
+    """Prometheus buckets (upper bound, count at or below it) from per-slot counts."""
+    buckets, running = [], 0
+    for bound, n in zip(HISTOGRAM_BOUNDS, slot_counts, strict=False):
+        running += n
+        buckets.append((floatToGoString(bound), running))
+    buckets.append(("+Inf", sum(slot_counts)))
+    return buckets
+
+
+def _scrapers_only(view: Callable[[HttpRequest], HttpResponse]) -> Callable[..., HttpResponse]:
+    """An allowed network, or else a token or staff session (``token_or_staff``)."""
+    guarded = token_or_staff(view)
+
+    @wraps(view)
+    def check(request: HttpRequest) -> HttpResponse:
+        networks = (
+            ipaddress.ip_network(n, strict=False) for n in settings.METRICS_ALLOWED_NETWORKS
+        )
+        client = ipaddress.ip_address(request.META.get("REMOTE_ADDR") or "0.0.0.0")
+        if any(client in network for network in networks):
+            return view(request)
+        return guarded(request)
+
+    return check
+
+
+@require_safe
+@_scrapers_only
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    metrics = CollectorRegistry(auto_describe=False)
+    metrics.register(QueueCollector())
+    return HttpResponse(generate_latest(metrics), content_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,192 @@
+"""The AnalyticsAgent's daily report: its numbers against a seeded history, the
+anomalies it flags, the agent in a real worker process, the once-a-day scheduling
+and the report pages."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from datetime import date, timedelta
+
+import pytest
+from django.test import Client
+
+from agents_app.analytics import build_daily_report, schedule_daily_report
+from agents_app.models import AgentEvent, DailyReport
+from task_queue import metrics, operations, queries
+from task_queue.models import RollupProgress, Task, TaskQueueMetric, TaskStatus
+from tests.conftest import REPO, manage_env
+from tests.support.history import T0, at, complete, created, seed_history, start
+from tests.support.users import staff
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+DAY = T0.date()  # 2026-11-20
+DAY_START = metrics.bucket_floor(T0, metrics.DAY)
+
+
+def seed_day_and_week() -> None:
+    """seed_history plus one more completed task (5 ended: 3 completed, 1 failed, 1
+    dead), rolled up; and the 7 days before, 20 completed a day and no failure."""
+    seed_history()
+    extra = created(300)
+    (token,) = start(301).values()
+    complete(extra, token, 302)
+    for width in metrics.BUCKET_SECONDS:
+        RollupProgress.objects.create(
+            bucket_seconds=width, computed_until=metrics.bucket_floor(T0, width)
+        )
+    metrics.roll_up(now=at(26 * 3600))
+    for n in range(1, 8):
+        TaskQueueMetric.objects.create(
+            bucket_start=metrics.bucket_floor(T0 - timedelta(days=n), metrics.DAY),
+            bucket_seconds=metrics.DAY, agent_name="EchoAgent", tasks_created=20,
+            tasks_completed=20, attempts=20,
+        )  # fmt: skip
+
+
+def echo(report: dict) -> dict:
+    (agent,) = [a for a in report["agents"] if a["agent"] == "EchoAgent"]
+    return agent
+
+
+def test_the_report_matches_the_seeded_history_and_flags_anomalies():
+    seed_day_and_week()
+    report = build_daily_report(DAY, now=at(26 * 3600))
+    agent = echo(report)
+    assert report["partial"] is False
+    assert agent["volume"] == {"created": 5, "completed": 3, "failed": 1, "dead": 1,
+                               "retried": 1, "cancelled": 0}  # fmt: skip
+    assert agent["rates"] == pytest.approx({"success": 0.6, "failure": 0.4, "dead": 0.2})
+    day_row = TaskQueueMetric.objects.get(
+        bucket_seconds=metrics.DAY, agent_name="EchoAgent", bucket_start=DAY_START
+    )
+    assert agent["latency"]["run_time_p95"] == pytest.approx(day_row.run_time_p95)
+    assert agent["latency"]["queue_wait_p50"] == pytest.approx(day_row.queue_wait_p50)
+    errors = {e["error_class"]: e for e in agent["errors"]}
+    assert set(errors) == {"Boom", "Timeout", "ValueError"}
+    failed = Task.objects.get(status=TaskStatus.FAILED)
+    assert errors["ValueError"]["example_tasks"] == [str(failed.id)]
+    assert errors["ValueError"]["count"] == 1
+    assert agent["previous_day"]["completed"] == 20
+    assert agent["change"]["completed_vs_previous_day"] == 3 - 20
+    assert agent["seven_day_average"]["completed"] == pytest.approx(20)
+    assert agent["seven_day_average"]["failure_rate"] == 0
+    assert {a["kind"] for a in report["anomalies"]} == {"failure_rate", "volume_drop"}
+    assert report["totals"]["completed"] == 3
+    hours = {h["hour"]: (h["completed"], h["failed"]) for h in report["hours"]}
+    assert hours[10] == (3, 2) and sum(c + f for c, f in hours.values()) == 5
+
+
+def test_an_ordinary_day_flags_nothing():
+    seed_day_and_week()
+    TaskQueueMetric.objects.filter(bucket_seconds=metrics.DAY, bucket_start__lt=T0).update(
+        tasks_completed=3, tasks_failed=1, tasks_dead=1
+    )
+    assert build_daily_report(DAY, now=at(26 * 3600))["anomalies"] == []
+
+
+def test_today_is_computed_on_demand_and_partial():
+    seed_history()  # nothing rolled up
+    report = build_daily_report(DAY, now=at(120))
+    assert report["partial"] is True
+    assert echo(report)["volume"]["completed"] == 2
+    assert not [a for a in report["anomalies"] if a["kind"] == "volume_drop"]
+
+
+def test_the_agent_writes_the_report_in_a_worker_process():
+    seed_day_and_week()
+    task = operations.enqueue("AnalyticsAgent", "daily_report", {"day": DAY.isoformat()})
+    worker = subprocess.run(
+        [sys.executable, "manage.py", "runworker", "AnalyticsAgent", "--burst"],
+        cwd=REPO, env=manage_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert worker.returncode == 0, worker.stderr
+    assert Task.objects.get(id=task.id).status == TaskStatus.COMPLETED
+    row = DailyReport.objects.get(day=DAY)
+    assert row.task_id == task.id and row.partial is False
+    assert echo(row.report)["volume"]["completed"] == 3
+    event = AgentEvent.objects.get(task_id=task.id)
+    assert "failure rate 40%" in event.content
+
+
+def test_a_bad_day_fails_the_task_for_good():
+    task = operations.enqueue("AnalyticsAgent", "daily_report", {"day": "yesterday"})
+    subprocess.run(
+        [sys.executable, "manage.py", "runworker", "AnalyticsAgent", "--burst"],
+        cwd=REPO, env=manage_env(), capture_output=True, timeout=120, check=True,
+    )  # fmt: skip
+    failed = Task.objects.get(id=task.id)
+    assert failed.status == TaskStatus.FAILED and failed.error_info["type"] == "InvalidPayload"
+
+
+def test_yesterdays_report_is_asked_for_once_however_many_schedulers():
+    now = queries.database_clock()
+    today = metrics.bucket_floor(now, metrics.DAY)
+    assert not schedule_daily_report(now=now)  # yesterday not rolled up yet
+    RollupProgress.objects.create(bucket_seconds=metrics.DAY, computed_until=today)
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SCHEDULE],
+            cwd=REPO,
+            env=manage_env(),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    outcomes = [run.communicate(timeout=120)[0].strip() for run in runs]
+    assert all(run.returncode == 0 for run in runs)
+    yesterday = (today - timedelta(days=1)).date().isoformat()
+    (task,) = Task.objects.filter(agent_name="AnalyticsAgent")
+    assert task.payload == {"day": yesterday}
+    assert task.idempotency_key == f"analytics:daily:{yesterday}"
+    assert sorted(outcomes).count("True") <= 1 and not schedule_daily_report()
+
+
+SCHEDULE = """
+import django
+django.setup()
+from agents_app.analytics import schedule_daily_report
+print(schedule_daily_report())
+"""
+
+
+def test_the_report_pages_and_downloads():
+    seed_day_and_week()
+    report = build_daily_report(DAY, now=at(26 * 3600))
+    DailyReport.objects.create(day=DAY, report=report, partial=False)
+    viewer = staff()
+    listing = viewer.get("/reports/daily/").content.decode()
+    assert 'data-day="2026-11-20"' in listing and "data-run-report" not in listing
+    page = viewer.get("/reports/daily/2026-11-20/").content.decode()
+    assert 'data-anomaly="failure_rate"' in page and 'data-anomaly="volume_drop"' in page
+    assert page.count("data-example-task") == 3
+    assert viewer.get("/reports/daily/2026-11-20/report.json").json() == json.loads(
+        json.dumps(report)
+    )
+    rows = list(csv.DictReader(io.StringIO(
+        viewer.get("/reports/daily/2026-11-20/report.csv").content.decode()
+    )))  # fmt: skip
+    (echo_row,) = [r for r in rows if r["agent"] == "EchoAgent"]
+    assert echo_row["completed"] == "3" and echo_row["failure_rate"] == "0.4"
+    assert viewer.get("/reports/daily/2026-11-21/").status_code == 200  # none yet
+    assert viewer.get("/reports/daily/not-a-day/").status_code == 404
+    assert viewer.get("/reports/daily/2026-11-21/report.json").status_code == 404
+    assert Client().get("/reports/daily/").status_code == 302  # to the login
+
+
+def test_running_the_report_on_demand_needs_its_permission():
+    viewer, runner = staff(), staff("agents_app.run_daily_report")
+    today = date.today().isoformat()
+    assert viewer.post("/reports/daily/run/", {"day": today}).status_code == 403
+    assert not Task.objects.exists()
+    assert runner.post("/reports/daily/run/", {"day": "soon"}).status_code == 400
+    response = runner.post("/reports/daily/run/", {"day": today})
+    assert response.status_code == 302 and response["Location"] == f"/reports/daily/{today}/"
+    (task,) = Task.objects.all()
+    assert (task.agent_name, task.payload) == ("AnalyticsAgent", {"day": today})
+    assert "data-run-report disabled" in runner.get(f"/reports/daily/{today}/").content.decode()

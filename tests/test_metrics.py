@@ -1,0 +1,170 @@
+"""Metric rollups from a seeded history whose every timestamp is chosen, so each
+figure can be worked out by hand (the comments do)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import datetime, timedelta
+
+import pytest
+
+from task_queue import metrics, operations, queries
+from task_queue.models import HISTOGRAM_BOUNDS, RollupProgress, TaskQueueMetric
+from tests.conftest import REPO, manage_env
+from tests.support.history import T0, at, seed_history
+from tests.support.queue import complete_pending
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ERRORS = ("Boom", "Timeout", "ValueError")
+
+
+def histogram(counts: dict[int, int]) -> list[int]:
+    """Slot j holds bounds[j-1] <= v < bounds[j]: 1 and 2 s are in slot 6 (1 ≤ v < 2.5),
+    3 and 4 s in 7, 5 s in 8, 10 s in 9 (10 ≤ v < 30)."""
+    return [counts.get(slot, 0) for slot in range(len(HISTOGRAM_BOUNDS) + 1)]
+
+
+# fmt: off
+def expected_rows() -> dict[tuple[int, datetime], dict]:
+    """The figures of seed_history, worked out by hand (percentiles interpolate)."""
+    outcomes = ("tasks_created", "tasks_completed", "tasks_failed", "tasks_dead",
+                "tasks_retried", "tasks_cancelled", "attempts")
+    run_time = ("run_time_average", "run_time_p50", "run_time_p95")
+    queue_wait = ("average_latency", "queue_wait_p50", "queue_wait_p95")
+    minute_10 = {
+        **dict(zip(outcomes, (4, 1, 1, 1, 1, 0, 4), strict=True)),
+        **dict(zip(run_time, (2.5, 2.5, 3.85), strict=True)),  # 1 2 3 4
+        **dict(zip(queue_wait, (7 / 3, 1.0, 4.6), strict=True)),  # 1 1 5
+        "run_time_histogram": histogram({6: 2, 7: 2}), "run_time_sum": 10.0,
+        "queue_wait_histogram": histogram({6: 2, 8: 1}), "queue_wait_sum": 7.0,
+        "worker_heartbeat_delay": 15.0,
+        "error_rates_per_agent": {e: {"count": 1, "rate": 0.25} for e in ERRORS},
+    }
+    minute_11 = {
+        **dict(zip(outcomes, (0, 1, 0, 0, 0, 0, 1), strict=True)),
+        **dict(zip(run_time, (4.0, 4.0, 4.0), strict=True)),
+        **dict(zip(queue_wait, (10.0, 10.0, 10.0), strict=True)),
+        "run_time_histogram": histogram({7: 1}), "run_time_sum": 4.0,
+        "queue_wait_histogram": histogram({9: 1}), "queue_wait_sum": 10.0,
+        "worker_heartbeat_delay": 75.0, "error_rates_per_agent": {},
+    }
+    whole = {
+        **dict(zip(outcomes, (4, 2, 1, 1, 1, 0, 5), strict=True)),
+        **dict(zip(run_time, (2.8, 3.0, 4.0), strict=True)),  # 1 2 3 4 4
+        **dict(zip(queue_wait, (4.25, 3.0, 9.25), strict=True)),  # 1 1 5 10
+        "run_time_histogram": histogram({6: 2, 7: 3}), "run_time_sum": 14.0,
+        "queue_wait_histogram": histogram({6: 2, 8: 1, 9: 1}), "queue_wait_sum": 17.0,
+        "worker_heartbeat_delay": 75.0,
+        "error_rates_per_agent": {e: {"count": 1, "rate": 0.2} for e in ERRORS},
+    }
+    day = T0.replace(hour=0)
+    return {
+        (60, T0): minute_10, (60, at(60)): minute_11, (3600, T0): whole, (86400, day): whole,
+    }
+# fmt: on
+
+
+def assert_figures(found: dict, expected: dict) -> None:
+    for name, value in expected.items():
+        if isinstance(value, float):
+            assert found[name] == pytest.approx(value), name
+        else:
+            assert found[name] == value, name
+
+
+def start_rollups_at_t0() -> None:
+    for width in metrics.BUCKET_SECONDS:
+        RollupProgress.objects.create(
+            bucket_seconds=width, computed_until=metrics.bucket_floor(T0, width)
+        )
+
+
+def test_rollups_match_the_hand_computed_history():
+    seed_history()
+    start_rollups_at_t0()
+    assert metrics.roll_up(now=at(26 * 3600)) is not None
+    found = {(r["bucket_seconds"], r["bucket_start"]): r for r in rows_of_agent("EchoAgent")}
+    assert set(found) == set(expected_rows())
+    for key, expected in expected_rows().items():
+        assert_figures(found[key], expected)
+    # Each width went as far as its closed buckets (minutes: one pass's span).
+    progress = dict(RollupProgress.objects.values_list("bucket_seconds", "computed_until"))
+    assert progress == {60: T0 + metrics.MAX_SPAN[60], 3600: at(25 * 3600),
+                        86400: T0.replace(hour=0) + timedelta(days=1)}  # fmt: skip
+
+
+def test_recomputing_a_bucket_twice_gives_the_same_rows():
+    seed_history()
+    metrics.recompute(60, T0, at(60))
+    metrics.recompute(3600, T0, T0)
+    first = rows_of_agent("EchoAgent")
+    metrics.recompute(60, T0, at(119))
+    metrics.recompute(60, T0, at(61))
+    metrics.recompute(3600, T0, T0)
+    again = rows_of_agent("EchoAgent")
+    assert again == first and len(first) == 3
+
+
+def test_a_bucket_is_computed_only_once_closed():
+    seed_history()
+    start_rollups_at_t0()
+    metrics.roll_up(now=at(80))  # 10:00 ended 20 s ago: within the grace, not yet
+    assert not TaskQueueMetric.objects.exists()
+    metrics.roll_up(now=at(95))  # now it has
+    assert [r["bucket_start"] for r in rows_of_agent("EchoAgent")] == [T0]
+
+
+def test_one_process_rolls_up_at_a_time():
+    import psycopg
+    from django.db import connection
+
+    seed_history()
+    start_rollups_at_t0()
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    with psycopg.connect(**params, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", [metrics.ROLLUP_LOCK_KEY])
+        maintenance_once()  # another process holds the lock: it writes nothing
+        assert not TaskQueueMetric.objects.exists()
+        holder.execute("SELECT pg_advisory_unlock(%s)", [metrics.ROLLUP_LOCK_KEY])
+    maintenance_once()
+    assert {r["bucket_start"] for r in rows_of_agent("EchoAgent")} >= {T0, at(60)}
+
+
+def maintenance_once() -> None:
+    done = subprocess.run(
+        [sys.executable, "manage.py", "runmaintenance", "--once"],
+        cwd=REPO, env=manage_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def rows_of_agent(agent: str) -> list[dict]:
+    fields = [f.name for f in TaskQueueMetric._meta.fields if f.name != "id"]
+    return list(
+        TaskQueueMetric.objects.filter(agent_name=agent)
+        .order_by("bucket_seconds", "bucket_start")
+        .values(*fields)
+    )
+
+
+def test_the_overview_charts_read_the_minute_rollups():
+    from automechanica.dashboard.overview import take_snapshot
+
+    now = queries.database_clock()
+    rolled = metrics.bucket_floor(now, 60)
+    ten_minutes_ago = rolled - timedelta(minutes=10)
+    RollupProgress.objects.create(bucket_seconds=60, computed_until=rolled)
+    TaskQueueMetric.objects.create(
+        bucket_start=ten_minutes_ago, bucket_seconds=60, agent_name="EchoAgent",
+        tasks_completed=7, tasks_dead=2,
+    )  # fmt: skip
+    # A task finished in the minute not rolled up yet is counted from the tasks.
+    task_id = operations.enqueue("EchoAgent", "echo", {}).id
+    assert complete_pending("EchoAgent") == [task_id]
+    minutes = {minute: (done, failed) for minute, done, failed in take_snapshot().minutes}
+    assert minutes[ten_minutes_ago] == (7, 2)  # no task behind it: from the rollup
+    assert minutes[metrics.bucket_floor(queries.database_clock(), 60)] == (1, 0)

@@ -1,0 +1,78 @@
+"""GET /metrics: who may scrape it, and that what it says parses and adds up."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
+
+from task_queue import metrics
+from task_queue.models import RollupProgress
+from tests.support.api import token
+from tests.support.history import T0, at, seed_history
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def scrape(client: Client, **headers: str) -> dict[tuple[str, tuple], float]:
+    response = client.get("/metrics", **headers)
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"].startswith("text/plain; version=")
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(response.content.decode())
+        for sample in family.samples
+    }
+
+
+def echo(name: str, **labels: str) -> tuple[str, tuple]:
+    return name, tuple(sorted({"agent": "EchoAgent", **labels}.items()))
+
+
+def test_metrics_need_a_token_a_staff_session_or_an_allowed_network(settings):
+    anonymous = Client()
+    assert anonymous.get("/metrics").status_code == 401
+    assert anonymous.post("/metrics").status_code == 405
+    assert scrape(anonymous, HTTP_AUTHORIZATION=f"Bearer {token('read')}")
+    staff = Client()
+    staff.force_login(User.objects.create_user("ops", password="pw", is_staff=True))
+    assert scrape(staff)
+    settings.METRICS_ALLOWED_NETWORKS = ["127.0.0.0/8"]  # the test client's address
+    assert scrape(anonymous)
+    settings.METRICS_ALLOWED_NETWORKS = ["10.0.0.0/8"]
+    assert anonymous.get("/metrics").status_code == 401
+
+
+def test_counters_and_histograms_add_rollups_and_what_came_after():
+    """seed_history: EchoAgent created 4 tasks; 2 completed, 1 failed, 1 died, 1 was
+    retried; 5 attempts ran 1, 2, 3, 4 and 4 s; 4 tasks waited 1, 1, 5 and 10 s."""
+    seed_history()
+    for width in metrics.BUCKET_SECONDS:
+        RollupProgress.objects.create(
+            bucket_seconds=width, computed_until=metrics.bucket_floor(T0, width)
+        )
+    metrics.roll_up(now=at(90))  # minute 10:00 rolled up; 10:01 is not yet
+    client = Client()
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token('read')}"}
+    partly = scrape(client, **auth)
+    metrics.roll_up(now=at(26 * 3600))  # everything rolled up, as minutes, hours, days
+    whole = scrape(client, **auth)
+
+    for found in (partly, whole):
+        assert found[echo("automechanica_tasks_created_total")] == 4
+        assert found[echo("automechanica_tasks_completed_total")] == 2
+        assert found[echo("automechanica_tasks_failed_total")] == 1
+        assert found[echo("automechanica_tasks_dead_total")] == 1
+        assert found[echo("automechanica_tasks_retried_total")] == 1
+        assert found[echo("automechanica_task_run_seconds_count")] == 5
+        assert found[echo("automechanica_task_run_seconds_sum")] == pytest.approx(14)
+        assert found[echo("automechanica_task_run_seconds_bucket", le="2.5")] == 2
+        assert found[echo("automechanica_task_run_seconds_bucket", le="5.0")] == 5
+        assert found[echo("automechanica_task_queue_wait_seconds_count")] == 4
+        assert found[echo("automechanica_task_queue_wait_seconds_sum")] == pytest.approx(17)
+        assert found[echo("automechanica_task_queue_wait_seconds_bucket", le="10.0")] == 3
+        assert found[echo("automechanica_tasks", status="completed")] == 2
+        assert found[echo("automechanica_tasks", status="dead")] == 1
+        assert found[echo("automechanica_workers_alive")] == 0  # heartbeats of 2026-11-20
+        assert found[echo("automechanica_oldest_pending_age_seconds")] == 0
