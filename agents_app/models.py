@@ -10,6 +10,9 @@ statement returns, so they cannot dangle; deleting a task deletes them (ORM casc
 from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 from django.db.models.functions import Now
+from pgvector.django import HnswIndex, VectorField
+
+from .embeddings import DIMENSIONS
 
 
 class AgentEvent(models.Model):
@@ -35,6 +38,8 @@ class AgentEvent(models.Model):
     content = models.TextField()
     data = models.JSONField(default=dict)
     created_at = models.DateTimeField(db_default=Now())
+    # The content's embedding (agents_app.embeddings), filled by the embedding worker.
+    embedding = VectorField(dimensions=DIMENSIONS, null=True, blank=True)
 
     class Meta:
         db_table = "agent_events"
@@ -43,6 +48,14 @@ class AgentEvent(models.Model):
             models.Index(fields=["agent_name", "created_at"], name="agent_events_agent_idx"),
             # Retention finds old events by time; rows arrive in time order.
             BrinIndex(fields=["created_at"], name="agent_events_created_brin"),
+            # Nearest neighbours by cosine distance (agents_app.memory.similar_events).
+            HnswIndex(
+                name="agent_events_embedding_hnsw",
+                fields=["embedding"],
+                m=16,
+                ef_construction=64,
+                opclasses=["vector_cosine_ops"],
+            ),
         ]
 
     def __str__(self) -> str:
@@ -74,7 +87,13 @@ class EmbeddingJob(models.Model):
                 fields=["available_at"],
                 condition=models.Q(status="pending"),
                 name="embedding_jobs_pending_idx",
-            )
+            ),
+            # Leases that ran out (queries.RECOVER_EMBEDDING_JOBS).
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=models.Q(status="leased"),
+                name="embedding_jobs_leased_idx",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -131,6 +131,9 @@ QUEUE_METRICS_BACKFILL_DAYS = float(os.environ.get("QUEUE_METRICS_BACKFILL_DAYS"
 # go this long after they finished; agent events (the agents' memory) after theirs.
 QUEUE_RETENTION_DAYS = float(os.environ.get("QUEUE_RETENTION_DAYS", 7))
 AGENT_EVENT_RETENTION_DAYS = float(os.environ.get("AGENT_EVENT_RETENTION_DAYS", 90))
+# Agent memory (agents_app.embeddings): "hashing" (local, the default) or
+# "sentence-transformers" (all-MiniLM-L6-v2; the optional "embeddings" extra).
+AGENT_MEMORY_EMBEDDER = os.environ.get("AGENT_MEMORY_EMBEDDER", "hashing")
 # GET /metrics (Prometheus) answers these networks without a token (comma-separated,
 # e.g. "127.0.0.1/32,10.0.0.0/8"); others need an API token or a staff session.
 METRICS_ALLOWED_NETWORKS = [

@@ -1258,6 +1258,109 @@ def prune_minute_metrics(*, cutoff: datetime) -> int:
     return _rows_nofetch(PRUNE_MINUTE_METRICS, {"cutoff": cutoff})
 
 
+# ---------------------------------------------------------------- embedding jobs
+
+# The agent-memory queue (spec 001 §12): the same leasing as tasks, on
+# embedding_jobs. A claim counts the attempt, so a job whose embedder keeps dying is
+# given up on (dead) after max_attempts like one that keeps failing.
+CLAIM_EMBEDDING_JOBS = """
+WITH due AS (
+    SELECT id FROM embedding_jobs
+    WHERE status = 'pending' AND available_at <= now()
+    ORDER BY available_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE embedding_jobs j
+SET status = 'leased', attempts = j.attempts + 1, lease_owner = %(owner)s,
+    lease_token = gen_random_uuid(),
+    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
+FROM due, agent_events e
+WHERE j.id = due.id AND e.id = j.agent_event_id
+RETURNING j.id, j.lease_token, e.id, e.content
+"""
+
+# Fenced by the lease token: a job whose lease expired and was claimed again is not
+# completed by its first embedder's late answer.
+COMPLETE_EMBEDDING_JOBS = """
+WITH done AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(vectors)s::text[])
+        AS d(id, token, vector)
+),
+finished AS (
+    UPDATE embedding_jobs j
+    SET status = 'completed', lease_owner = NULL, lease_token = NULL,
+        lease_expires_at = NULL, error_info = NULL, updated_at = now()
+    FROM done
+    WHERE j.id = done.id AND j.lease_token = done.token AND j.status = 'leased'
+    RETURNING j.id, j.agent_event_id, done.vector
+)
+UPDATE agent_events e SET embedding = finished.vector::vector
+FROM finished WHERE e.id = finished.agent_event_id
+RETURNING finished.id
+"""
+
+FAIL_EMBEDDING_JOB = """
+UPDATE embedding_jobs
+SET status = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'pending' END,
+    available_at = now() + make_interval(secs => attempts * attempts * %(base_delay)s),
+    error_info = %(error)s::jsonb, lease_owner = NULL, lease_token = NULL,
+    lease_expires_at = NULL, updated_at = now()
+WHERE id = %(id)s AND lease_token = %(token)s AND status = 'leased'
+RETURNING status
+"""
+
+RECOVER_EMBEDDING_JOBS = """
+UPDATE embedding_jobs
+SET status = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'pending' END,
+    available_at = now(), lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+    error_info = jsonb_build_object('type', 'LeaseExpired',
+                                    'message', 'the embedder stopped heartbeating'),
+    updated_at = now()
+WHERE status = 'leased' AND lease_expires_at < now()
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedEmbeddingJob:
+    id: int
+    lease_token: UUID
+    agent_event_id: int
+    text: str
+
+
+def claim_embedding_jobs(
+    *, owner: str, limit: int, lease_seconds: float
+) -> list[ClaimedEmbeddingJob]:
+    params = {"owner": owner, "limit": limit, "lease_seconds": lease_seconds}
+    return [ClaimedEmbeddingJob(*row) for row in _rows(CLAIM_EMBEDDING_JOBS, params)]
+
+
+def complete_embedding_jobs(done: Sequence[tuple[int, UUID, Sequence[float]]]) -> set[int]:
+    """(job id, lease token, vector) each; returns the jobs whose lease was still held."""
+    params = {
+        "ids": [d[0] for d in done],
+        "tokens": [d[1] for d in done],
+        "vectors": ["[" + ",".join(repr(float(v)) for v in d[2]) + "]" for d in done],
+    }
+    return {row[0] for row in _rows(COMPLETE_EMBEDDING_JOBS, params)}
+
+
+def fail_embedding_job(
+    job_id: int, token: UUID, error: dict[str, Any], base_delay: float
+) -> str | None:
+    """Back to pending after attempts² × base_delay seconds, or dead; None if the
+    lease was lost."""
+    params = {"id": job_id, "token": token, "error": json.dumps(error), "base_delay": base_delay}
+    rows = _rows(FAIL_EMBEDDING_JOB, params)
+    return rows[0][0] if rows else None
+
+
+def recover_embedding_jobs() -> int:
+    """Jobs whose embedder stopped renewing its lease: pending again, or dead."""
+    return _rows_nofetch(RECOVER_EMBEDDING_JOBS, {})
+
+
 # ---------------------------------------------------------------- benchmark
 
 # Synthetic history for measuring the dashboard at scale: `count` tasks of `agents`,

@@ -32,6 +32,8 @@ REQUIRED_SCOPE = {
     ("GET", "api/v1/dead-letter"): "read",
     ("POST", "api/v1/tasks/revive"): "admin",
     ("GET", "api/v1/tasks/<task_id>"): "read",
+    ("GET", "api/v1/tasks/<task_id>/similar"): "read",
+    ("GET", "api/v1/memory/similar"): "read",
     ("PATCH", "api/v1/tasks/<task_id>"): "write",
     ("POST", "api/v1/tasks/<task_id>/cancel"): "write",
     ("POST", "api/v1/tasks/<task_id>/revive"): "write",

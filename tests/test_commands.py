@@ -171,8 +171,8 @@ def test_up_serves_the_api_and_stops_everything_on_ctrl_c(transactional_db, tmp_
         children = psutil.Process(up.pid).children(recursive=True)
         commands = sorted(" ".join(child.cmdline()[1:4]) for child in children)
         assert commands == [
-            "-m daphne -b", "manage.py runmaintenance", "manage.py runorchestrator --api",
-            "manage.py runworker EchoAgent",
+            "-m daphne -b", "manage.py runembedder", "manage.py runmaintenance",
+            "manage.py runorchestrator --api", "manage.py runworker EchoAgent",
         ]  # fmt: skip
         # --demo: the orchestrator starts workflows through the API, its token not
         # on its command line (where ps would show it).

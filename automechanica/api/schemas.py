@@ -263,6 +263,19 @@ class WorkflowCancelOut(Schema):
     workflow: WorkflowOut
 
 
+# ------------------------------------------------------------------ agent memory
+
+
+class SimilarEventOut(Schema):
+    id: int = Field(description="The agent event's id.")
+    task_id: UUID | None
+    agent_name: str
+    event_type: str
+    content: str
+    created_at: datetime
+    distance: float = Field(description="Cosine distance: 0 is the same direction, 2 opposite.")
+
+
 # ------------------------------------------------------------------ agents, workers, metrics
 
 

@@ -24,6 +24,7 @@ from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET, require_POST
 
 from agents_app import registry
+from agents_app.memory import similar_events, task_text
 from task_queue import operations, queries
 from task_queue.audit import user_actor
 from task_queue.models import OperatorAction, Task, TaskStatus
@@ -35,6 +36,8 @@ from .overview import take_snapshot
 
 PAGE_SIZE = 50
 # Which permission each action needs.
+SIMILAR_TASKS = 5
+
 PERMISSIONS = {
     "revive": "queue.revive_task",
     "edit": "queue.revive_task",
@@ -204,7 +207,11 @@ def task_detail(request: HttpRequest, task_id: UUID) -> HttpResponse:
     task = fragments.load_task(task_id)
     if task is None:
         return render(request, "dashboard/not_found.html", {"what": "task"}, status=404)
-    return render(request, "dashboard/task.html", fragments.task_context(task, request.user))
+    context = fragments.task_context(task, request.user)
+    context["similar"] = similar_events(
+        task_text(task), agent=task.agent_name, k=SIMILAR_TASKS, exclude_task=task.id
+    )
+    return render(request, "dashboard/task.html", context)
 
 
 @staff_member_required

@@ -3,10 +3,11 @@
 Applies migrations (starting the embedded database when ``DATABASE_URL`` is unset),
 creates an admin user on the first run (printing its generated password once), then
 runs the web server (daphne: dashboard, admin, API, WebSockets), one ``runworker``
-process per agent and the maintenance loop, and supervises them: a process that
-dies is reported and the others are stopped. ``--demo`` adds the reference
-orchestrator with a stream of supplier feeds, some of whose parts fail. Ctrl-C (or
-SIGTERM) stops every process gracefully; a second Ctrl-C stops them at once.
+process per agent, the maintenance loop and the embedding worker, and supervises
+them: a process that dies is reported and the others are stopped. ``--demo`` adds
+the reference orchestrator with a stream of supplier feeds, some of whose parts
+fail. Ctrl-C (or SIGTERM) stops every process gracefully; a second Ctrl-C stops
+them at once.
 """
 
 import os
@@ -67,6 +68,7 @@ class Command(BaseCommand):
             "automechanica.asgi:application",
         ]  # fmt: skip
         commands["maintenance"] = ["manage.py", "runmaintenance"]
+        commands["agent memory"] = ["manage.py", "runembedder"]
         url = f"http://{options['host']}:{options['port']}"
         environments = {}
         if options["demo"]:

@@ -1,0 +1,105 @@
+"""Agent memory: the embedding worker that fills ``agent_events.embedding``, and the
+nearest-neighbour search agents and pages ask (``similar_events``).
+
+The worker (``manage.py runembedder``) leases ``embedding_jobs`` with the same
+``FOR UPDATE SKIP LOCKED`` claim as tasks, so any number of them share the work and
+no job is embedded by two at once. A lease covers one batch (embedding a batch takes
+milliseconds with the default embedder, so there is no heartbeat); a job whose
+embedder died is given back when its lease runs out, and one that keeps failing is
+retried with backoff, then marked dead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from django.db.models import QuerySet
+from pgvector.django import CosineDistance
+
+from task_queue import queries
+
+from .embeddings import embed
+from .models import AgentEvent
+
+logger = logging.getLogger(__name__)
+
+LEASE_SECONDS = 60.0
+BASE_DELAY = 5.0
+
+
+@dataclass
+class EmbedderStats:
+    embedded: int = 0
+    failed: int = 0
+    refused: int = 0  # completions whose lease had been lost
+
+
+def embed_batch(owner: str, *, limit: int = 32) -> EmbedderStats:
+    """Claim up to ``limit`` jobs, embed their events and record the outcome."""
+    stats = EmbedderStats()
+    done: list[tuple[int, UUID, Sequence[float]]] = []
+    for job in queries.claim_embedding_jobs(owner=owner, limit=limit, lease_seconds=LEASE_SECONDS):
+        try:
+            done.append((job.id, job.lease_token, embed(job.text)))
+        except Exception as error:  # any embedder failure is this job's, not the worker's
+            error_info = {
+                "type": type(error).__name__,
+                "message": str(error),
+                "traceback": traceback.format_exc(),
+            }
+            queries.fail_embedding_job(job.id, job.lease_token, error_info, BASE_DELAY)
+            stats.failed += 1
+    if done:
+        kept = queries.complete_embedding_jobs(done)
+        stats.embedded += len(kept)
+        stats.refused += len(done) - len(kept)
+    return stats
+
+
+def run_embedder(stop: threading.Event, *, batch: int, poll: float, once: bool) -> EmbedderStats:
+    """Embed until ``stop`` is set (or, with ``once``, until nothing is due)."""
+    owner = f"{socket.gethostname()}:{os.getpid()}"
+    total = EmbedderStats()
+    while not stop.is_set():
+        queries.recover_embedding_jobs()
+        stats = embed_batch(owner, limit=batch)
+        total.embedded += stats.embedded
+        total.failed += stats.failed
+        total.refused += stats.refused
+        busy = stats.embedded + stats.failed + stats.refused == batch
+        if not busy and (once or stop.wait(poll)):
+            break
+    return total
+
+
+def similar_events(
+    text: str, *, agent: str | None = None, k: int = 5, exclude_task: UUID | None = None
+) -> QuerySet[AgentEvent]:
+    """The ``k`` embedded agent events nearest to ``text`` (cosine distance, through the
+    HNSW index), optionally of one agent, each with ``distance``."""
+    events = AgentEvent.objects.exclude(embedding=None)
+    if agent:
+        events = events.filter(agent_name=agent)
+    if exclude_task:
+        events = events.exclude(task_id=exclude_task)
+    return events.annotate(distance=CosineDistance("embedding", embed(text))).order_by("distance")[
+        :k
+    ]
+
+
+def task_text(task: Any) -> str:
+    """What a task is about, for finding similar ones: its AgentEvent's text once it
+    completed, else its agent, type, payload and error."""
+    event = AgentEvent.objects.filter(task_id=task.id).order_by("-created_at").first()
+    if event:
+        return event.content
+    error = (task.error_info or {}).get("message", "")
+    return f"{task.agent_name} {task.task_type} {task.payload} {error}"
