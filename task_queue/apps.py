@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.core import checks
 from django.db.models.signals import pre_migrate
 
 
@@ -11,6 +12,8 @@ class TaskQueueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from .checks import metrics_allowed_networks
         from .signals import require_pgvector
 
         pre_migrate.connect(require_pgvector, sender=self, dispatch_uid="require_pgvector")
+        checks.register(metrics_allowed_networks)

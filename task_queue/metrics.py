@@ -41,19 +41,25 @@ def roll_up(*, now: datetime | None = None) -> dict[int, int] | None:
         if not queries.try_advisory_xact_lock(ROLLUP_LOCK_KEY):
             return None
         clock = now or queries.database_clock()
+        ensure_started(clock)
         written = {}
         for width in BUCKET_SECONDS:
-            closed = bucket_floor(
-                clock - timedelta(seconds=settings.QUEUE_METRICS_GRACE_SECONDS), width
-            )
-            since = queries.rollup_progress(width) or bucket_floor(
-                clock - timedelta(days=settings.QUEUE_METRICS_BACKFILL_DAYS), width
-            )
+            grace = timedelta(seconds=settings.QUEUE_METRICS_GRACE_SECONDS)
+            closed = bucket_floor(clock - grace, width)
+            since = queries.rollup_progress(width)
             until = min(closed, since + MAX_SPAN[width])
             if since < until:
                 written[width] = queries.recompute_metrics(width, since, until, HISTOGRAM_BOUNDS)
                 queries.set_rollup_progress(width, until)
         return written
+
+
+def ensure_started(clock: datetime) -> None:
+    """Give every width the same start, the first time: the UTC day that began
+    QUEUE_METRICS_BACKFILL_DAYS ago. Counters (Prometheus) count from there, so they
+    cover the same span before and after the first rollup pass."""
+    backfill = timedelta(days=settings.QUEUE_METRICS_BACKFILL_DAYS)
+    queries.start_rollups(BUCKET_SECONDS, bucket_floor(clock - backfill, DAY))
 
 
 def recompute(width: int, since: datetime, until: datetime) -> int:

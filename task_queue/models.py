@@ -8,7 +8,7 @@ import uuid
 
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.functions import RandomUUID
-from django.contrib.postgres.indexes import BrinIndex, GinIndex
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models.functions import Now
 
@@ -181,6 +181,9 @@ class TaskHistory(models.Model):
     actor = models.TextField(null=True, blank=True)
     lease_token = models.UUIDField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
+    # When the attempt was due (the task's available_at as it was claimed): its queue
+    # wait is started_at - due_at. Set for attempts that completed or failed.
+    due_at = models.DateTimeField(null=True, blank=True)
     occurred_at = models.DateTimeField(db_default=Now())
     error = models.JSONField(null=True, blank=True)
     detail = models.JSONField(null=True, blank=True)
@@ -189,9 +192,9 @@ class TaskHistory(models.Model):
         db_table = "task_history"
         ordering = ["occurred_at", "id"]
         verbose_name_plural = "task history"
-        # Rows arrive in time order, so a BRIN index finds a time range for the
-        # metric rollups and retention at almost no cost to each insert.
-        indexes = [BrinIndex(fields=["occurred_at"], name="task_history_occurred_brin")]
+        # The metric rollups read a time range. (Not BRIN: retention frees old pages,
+        # new rows land in them, and BRIN ranges then span everything.)
+        indexes = [models.Index(fields=["occurred_at"], name="task_history_occurred_idx")]
 
     def __str__(self) -> str:
         return f"{self.task_id} {self.event} (attempt {self.attempt})"
@@ -302,6 +305,7 @@ class WorkerHeartbeat(models.Model):
 
     class Meta:
         db_table = "worker_heartbeats"
+        indexes = [models.Index(fields=["minute"], name="worker_heartbeats_minute_idx")]
 
     def __str__(self) -> str:
         return f"{self.worker_id} {self.minute:%Y-%m-%d %H:%M}: {self.beats} beats"

@@ -6,7 +6,7 @@
   counters, from the metric rollups plus what happened since the last one, so they
   survive restarts and never reset (the rollups are kept);
 - ``automechanica_task_queue_wait_seconds`` and ``automechanica_task_run_seconds``
-  histograms per agent, likewise; a slot's bound is exclusive (``le`` means < here);
+  histograms per agent, likewise;
 - ``automechanica_workers_alive{agent}`` and ``automechanica_oldest_pending_age_seconds{agent}``.
 
 Who may scrape: a client from ``METRICS_ALLOWED_NETWORKS`` (none by default), or one
@@ -37,7 +37,7 @@ from prometheus_client.utils import floatToGoString
 from agents_app import registry
 from automechanica.api.auth import token_or_staff
 
-from . import queries, stats
+from . import metrics, queries, stats
 from .models import HISTOGRAM_BOUNDS, TaskStatus, Worker
 
 COUNTERS = ("created", "completed", "failed", "dead", "retried", "cancelled")
@@ -114,6 +114,7 @@ class QueueCollector:
 def cumulative_totals() -> dict[str, dict[str, Any]]:
     """Per agent, the counters and histograms since the rollups began: the stored
     rollups, then everything after them, computed now."""
+    metrics.ensure_started(queries.database_clock())
     rolled_until, rows = queries.rolled_up_totals()
     rows += queries.metrics_since(rolled_until, HISTOGRAM_BOUNDS)
     slots = len(HISTOGRAM_BOUNDS) + 1
@@ -146,20 +147,41 @@ def _cumulative(slot_counts: list[int]) -> list[tuple[str, int]]:
 
 
 def _scrapers_only(view: Callable[[HttpRequest], HttpResponse]) -> Callable[..., HttpResponse]:
-    """An allowed network, or else a token or staff session (``token_or_staff``)."""
+    """An allowed network, or else a token or staff session (``token_or_staff``).
+
+    The network is the one of ``REMOTE_ADDR``, the peer of this server: behind a
+    reverse proxy that is the proxy, so allow only networks whose every client may
+    scrape, never the proxy's own address.
+    """
     guarded = token_or_staff(view)
 
     @wraps(view)
     def check(request: HttpRequest) -> HttpResponse:
-        networks = (
-            ipaddress.ip_network(n, strict=False) for n in settings.METRICS_ALLOWED_NETWORKS
-        )
-        client = ipaddress.ip_address(request.META.get("REMOTE_ADDR") or "0.0.0.0")
-        if any(client in network for network in networks):
+        if _from_allowed_network(request.META.get("REMOTE_ADDR", "")):
             return view(request)
         return guarded(request)
 
     return check
+
+
+def _from_allowed_network(address: str) -> bool:
+    try:
+        client = ipaddress.ip_address(address)
+    except ValueError:  # not an IP address (a unix socket): not an allowed network
+        return False
+    return any(client in network for network in allowed_networks())
+
+
+def allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """``METRICS_ALLOWED_NETWORKS`` parsed. A bad entry allows nothing here; it is a
+    configuration error that the system check (task_queue.checks) reports at start."""
+    networks = []
+    for entry in settings.METRICS_ALLOWED_NETWORKS:
+        try:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            continue
+    return networks
 
 
 @require_safe

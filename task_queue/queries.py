@@ -338,7 +338,7 @@ completed AS (
     FROM held
     WHERE {_FENCED} AND t.status = 'running'
     RETURNING t.id, t.workflow_id, t.agent_name, t.task_type, t.attempts, t.started_at,
-              held.lease_token, held.result, held.summary
+              t.available_at, held.lease_token, held.result, held.summary
 ),
 events AS (
     INSERT INTO agent_events (task_id, workflow_id, agent_name, event_type, content, data,
@@ -353,9 +353,9 @@ embedding AS (
 ),
 history AS (
     INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
-                              lease_token, started_at, occurred_at)
+                              lease_token, started_at, due_at, occurred_at)
     SELECT id, 'completed', 'running', 'completed', attempts + 1, %(owner)s, lease_token,
-           started_at, {_NOW}
+           started_at, available_at, {_NOW}
     FROM completed
 )
 SELECT id FROM completed
@@ -390,6 +390,10 @@ WITH held AS (
                          %(base_delays)s::float8[], %(errors)s::jsonb[])
         AS f(id, lease_token, retryable, base_delay, error)
 ),
+-- When each attempt was due, read before the update moves a retry's available_at.
+due AS (
+    SELECT t.id, t.available_at FROM tasks t JOIN held ON held.id = t.id
+),
 failed AS (
     UPDATE tasks t
     SET attempts = t.attempts + 1,
@@ -411,12 +415,13 @@ failed AS (
 ),
 history AS (
     INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
-                              lease_token, started_at, occurred_at, error, detail)
-    SELECT id, CASE status WHEN 'pending' THEN 'retry_scheduled' ELSE status END,
-           'running', status, attempts, %(owner)s, lease_token, started_at, {_NOW},
-           error_info,
-           CASE status WHEN 'pending' THEN jsonb_build_object('retry_at', available_at) END
-    FROM failed
+                              lease_token, started_at, due_at, occurred_at, error, detail)
+    SELECT failed.id, CASE status WHEN 'pending' THEN 'retry_scheduled' ELSE status END,
+           'running', status, attempts, %(owner)s, lease_token, started_at,
+           due.available_at, {_NOW}, error_info,
+           CASE status WHEN 'pending' THEN jsonb_build_object('retry_at', failed.available_at)
+           END
+    FROM failed JOIN due ON due.id = failed.id
 )
 SELECT id, status, attempts, available_at FROM failed
 """
@@ -931,11 +936,13 @@ def _rows_nofetch(sql: str, params: dict[str, Any]) -> int:
 
 def _histogram(name: str, source: str, column: str) -> str:
     """Two CTEs: ``{name}`` holds, per bucket and agent, the counts of ``column`` in
-    each slot of %(bounds)s (slot i: from bound i-1 to bound i; 0 below the first,
-    the last beyond the last), as one array with a zero for each empty slot."""
+    each slot of %(bounds)s (slot i: above bound i-1, up to and including bound i, as
+    Prometheus's ``le``; the last, beyond the last bound), as one array with a zero
+    for each empty slot."""
     return f"""
 {name}_slots AS (
-    SELECT bucket, agent_name, width_bucket({column}, %(bounds)s::float8[]) AS slot,
+    SELECT bucket, agent_name,
+           (SELECT count(*) FROM unnest(%(bounds)s::float8[]) AS b WHERE b < {column}) AS slot,
            count(*) AS n
     FROM {source} WHERE {column} IS NOT NULL GROUP BY 1, 2, 3
 ),
@@ -952,8 +959,8 @@ def _histogram(name: str, source: str, column: str) -> str:
 # The figures of every bucket of one width in [since, until), for every agent with
 # anything in it (columns: METRIC_COLUMNS),
 # from the source tables: task_history (each attempt's end: outcomes, run time, error
-# class; task_history_occurred_brin), tasks (created; queue wait of those finished;
-# tasks_created_idx, tasks_finished_idx) and worker_heartbeats. Buckets are aligned
+# class, queue wait from when the attempt was due; task_history_occurred_idx), tasks
+# (created; tasks_created_idx) and worker_heartbeats. Buckets are aligned
 # on the Unix epoch, so days are UTC days.
 METRIC_COLUMNS = (
     "bucket_start", "bucket_seconds", "agent_name", "tasks_created", "tasks_completed",
@@ -966,8 +973,13 @@ METRICS = f"""
 WITH ended AS (
     SELECT date_bin(make_interval(secs => %(width)s), h.occurred_at, 'epoch') AS bucket,
            t.agent_name, h.event, h.to_status, h.error,
+           -- An attempt ran if it started (a lease that expired before the start, or
+           -- a task given back at shutdown, did not run).
            CASE WHEN h.started_at IS NOT NULL AND h.event <> 'released'
-                THEN EXTRACT(EPOCH FROM h.occurred_at - h.started_at)::float8 END AS run
+                     AND (h.event <> 'lease_expired' OR h.from_status = 'running')
+                THEN EXTRACT(EPOCH FROM h.occurred_at - h.started_at)::float8 END AS run,
+           CASE WHEN h.started_at >= h.due_at
+                THEN EXTRACT(EPOCH FROM h.started_at - h.due_at)::float8 END AS wait
     FROM task_history h JOIN tasks t ON t.id = h.task_id
     WHERE h.occurred_at >= %(since)s AND h.occurred_at < %(until)s
 ),
@@ -980,7 +992,8 @@ outcomes AS (
            count(*) FILTER (WHERE event = 'retry_scheduled'
                                OR (event = 'lease_expired' AND to_status = 'pending'))
                AS retried,
-           count(*) FILTER (WHERE event = 'cancelled') AS cancelled,
+           count(*) FILTER (WHERE to_status = 'cancelled'
+                               AND event IN ('cancelled', 'lease_expired')) AS cancelled,
            count(run) AS attempts,
            avg(run) AS run_average,
            COALESCE(sum(run), 0) AS run_sum,
@@ -999,21 +1012,13 @@ created AS (
     FROM tasks WHERE created_at >= %(since)s AND created_at < %(until)s
     GROUP BY bucket, agent_name
 ),
-finished AS (
-    SELECT date_bin(make_interval(secs => %(width)s), finished_at, 'epoch') AS bucket,
-           agent_name, EXTRACT(EPOCH FROM started_at - available_at)::float8 AS wait
-    FROM tasks
-    WHERE status IN ('completed', 'failed', 'dead', 'cancelled')
-      AND finished_at >= %(since)s AND finished_at < %(until)s
-      AND started_at >= available_at
-),
 waited AS (
     SELECT bucket, agent_name, avg(wait) AS average, sum(wait) AS total,
            percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY wait) AS pct
-    FROM finished GROUP BY bucket, agent_name
+    FROM ended WHERE wait IS NOT NULL GROUP BY bucket, agent_name
 ),
 {_histogram("run_histogram", "ended", "run")},
-{_histogram("wait_histogram", "finished", "wait")},
+{_histogram("wait_histogram", "ended", "wait")},
 beats AS (
     SELECT date_bin(make_interval(secs => %(width)s), minute, 'epoch') AS bucket,
            agent AS agent_name, max(max_gap_seconds) AS delay
@@ -1023,7 +1028,7 @@ beats AS (
 ),
 buckets AS (
     SELECT bucket, agent_name FROM outcomes UNION SELECT bucket, agent_name FROM created
-    UNION SELECT bucket, agent_name FROM waited UNION SELECT bucket, agent_name FROM beats
+    UNION SELECT bucket, agent_name FROM beats
 )
 SELECT b.bucket, %(width)s, b.agent_name, COALESCE(c.n, 0), COALESCE(o.completed, 0),
        COALESCE(o.failed, 0), COALESCE(o.dead, 0), COALESCE(o.retried, 0),
@@ -1091,32 +1096,34 @@ def metrics_since(since: datetime, histogram_bounds: Sequence[float]) -> list[di
 
 
 # The stored rollups that together cover everything rolled up, each moment once:
-# days up to the day progress, then hours, then minutes; and where they end (what
-# comes after is in no rollup yet).
-ROLLED_UP_TOTALS = """
+# days up to the day progress, then hours, then minutes (three range scans of the
+# unique index); what comes after the last edge is in no rollup yet.
+ROLLUP_EDGES = """
 WITH progress AS (
-    SELECT COALESCE(max(computed_until) FILTER (WHERE bucket_seconds = 86400), 'epoch')
-               AS days,
-           COALESCE(max(computed_until) FILTER (WHERE bucket_seconds = 3600), 'epoch')
-               AS hours,
-           COALESCE(max(computed_until) FILTER (WHERE bucket_seconds = 60), 'epoch')
-               AS minutes
+    SELECT max(computed_until) FILTER (WHERE bucket_seconds = 86400) AS days,
+           max(computed_until) FILTER (WHERE bucket_seconds = 3600) AS hours,
+           max(computed_until) FILTER (WHERE bucket_seconds = 60) AS minutes
     FROM metrics_rollup_progress
-),
-edges AS (
-    SELECT days, greatest(days, hours) AS hours, greatest(days, hours, minutes) AS minutes
-    FROM progress
 )
-SELECT edges.minutes, m.agent_name, m.tasks_created, m.tasks_completed, m.tasks_failed,
-       m.tasks_dead, m.tasks_retried, m.tasks_cancelled, m.queue_wait_histogram,
-       m.queue_wait_sum, m.run_time_histogram, m.run_time_sum
-FROM edges
-LEFT JOIN task_queue_metrics m
-       ON (m.bucket_seconds = 86400 AND m.bucket_start < edges.days)
-       OR (m.bucket_seconds = 3600 AND m.bucket_start >= edges.days
-           AND m.bucket_start < edges.hours)
-       OR (m.bucket_seconds = 60 AND m.bucket_start >= edges.hours
-           AND m.bucket_start < edges.minutes)
+SELECT days, greatest(days, hours), greatest(days, hours, minutes) FROM progress
+"""
+ROLLED_UP_ROWS = """
+SELECT agent_name, tasks_created, tasks_completed, tasks_failed, tasks_dead, tasks_retried,
+       tasks_cancelled, queue_wait_histogram, queue_wait_sum, run_time_histogram,
+       run_time_sum
+FROM task_queue_metrics WHERE bucket_seconds = 86400 AND bucket_start < %(days)s
+UNION ALL
+SELECT agent_name, tasks_created, tasks_completed, tasks_failed, tasks_dead, tasks_retried,
+       tasks_cancelled, queue_wait_histogram, queue_wait_sum, run_time_histogram,
+       run_time_sum
+FROM task_queue_metrics
+WHERE bucket_seconds = 3600 AND bucket_start >= %(days)s AND bucket_start < %(hours)s
+UNION ALL
+SELECT agent_name, tasks_created, tasks_completed, tasks_failed, tasks_dead, tasks_retried,
+       tasks_cancelled, queue_wait_histogram, queue_wait_sum, run_time_histogram,
+       run_time_sum
+FROM task_queue_metrics
+WHERE bucket_seconds = 60 AND bucket_start >= %(hours)s AND bucket_start < %(minutes)s
 """
 TOTAL_COLUMNS = (
     "agent_name", "tasks_created", "tasks_completed", "tasks_failed", "tasks_dead",
@@ -1126,10 +1133,24 @@ TOTAL_COLUMNS = (
 
 
 def rolled_up_totals() -> tuple[datetime, list[dict[str, Any]]]:
-    """Where the rollups end (the Unix epoch: none yet) and the rollup rows that cover
-    everything before it once (TOTAL_COLUMNS each)."""
-    rows = _rows(ROLLED_UP_TOTALS, {})
-    return rows[0][0], [dict(zip(TOTAL_COLUMNS, r[1:], strict=True)) for r in rows if r[1]]
+    """Where the rollups end and the rollup rows that cover everything before it
+    once (TOTAL_COLUMNS each). Every width must have a progress row (the rollups'
+    common start, ``metrics.ensure_started``)."""
+    days, hours, minutes = _rows(ROLLUP_EDGES, {})[0]
+    rows = _rows(ROLLED_UP_ROWS, {"days": days, "hours": hours, "minutes": minutes})
+    return minutes, [dict(zip(TOTAL_COLUMNS, row, strict=True)) for row in rows]
+
+
+START_ROLLUPS = """
+INSERT INTO metrics_rollup_progress (bucket_seconds, computed_until)
+SELECT width, %(start)s FROM unnest(%(widths)s::int[]) AS width
+ON CONFLICT (bucket_seconds) DO NOTHING
+"""
+
+
+def start_rollups(widths: Sequence[int], start: datetime) -> None:
+    """Record ``start`` as where the rollups of each width begin, unless they have."""
+    _rows_nofetch(START_ROLLUPS, {"widths": list(widths), "start": start})
 
 
 ROLLUP_PROGRESS = """

@@ -27,6 +27,7 @@ from .models import RetentionRun
 logger = logging.getLogger(__name__)
 
 BATCH = 500
+EVERY_SECONDS = 60.0  # the maintenance loop prunes this often, not on every pass
 MAX_BATCHES = 20  # per kind and pass: a long backlog goes over several passes
 # pg_try_advisory_xact_lock key: "prun" in ASCII.
 RETENTION_LOCK_KEY = 0x7072756E

@@ -40,6 +40,11 @@ def seed_day_and_week() -> None:
             bucket_seconds=width, computed_until=metrics.bucket_floor(T0, width)
         )
     metrics.roll_up(now=at(26 * 3600))
+    seed_week()
+
+
+def seed_week() -> None:
+    """The 7 days before: 20 completed a day and no failure."""
     for n in range(1, 8):
         TaskQueueMetric.objects.create(
             bucket_start=metrics.bucket_floor(T0 - timedelta(days=n), metrics.DAY),
@@ -91,6 +96,7 @@ def test_an_ordinary_day_flags_nothing():
 
 def test_today_is_computed_on_demand_and_partial():
     seed_history()  # nothing rolled up
+    seed_week()  # 20 a day: 2 completed so far would be a drop, were the day over
     report = build_daily_report(DAY, now=at(120))
     assert report["partial"] is True
     assert echo(report)["volume"]["completed"] == 2

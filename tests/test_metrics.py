@@ -21,14 +21,15 @@ ERRORS = ("Boom", "Timeout", "ValueError")
 
 
 def histogram(counts: dict[int, int]) -> list[int]:
-    """Slot j holds bounds[j-1] <= v < bounds[j]: 1 and 2 s are in slot 6 (1 ≤ v < 2.5),
-    3 and 4 s in 7, 5 s in 8, 10 s in 9 (10 ≤ v < 30)."""
+    """Slot j holds bounds[j-1] < v <= bounds[j] (Prometheus's le): 1 s is in slot 5
+    (le 1), 2 s in 6 (le 2.5), 3, 4 and 5 s in 7 (le 5), 10 s in 8 (le 10)."""
     return [counts.get(slot, 0) for slot in range(len(HISTOGRAM_BOUNDS) + 1)]
 
 
 # fmt: off
 def expected_rows() -> dict[tuple[int, datetime], dict]:
-    """The figures of seed_history, worked out by hand (percentiles interpolate)."""
+    """The figures of seed_history, worked out by hand (percentiles interpolate).
+    Queue wait is per attempt, from when it was due: A 5, C 1, B 3 then 10, D 1."""
     outcomes = ("tasks_created", "tasks_completed", "tasks_failed", "tasks_dead",
                 "tasks_retried", "tasks_cancelled", "attempts")
     run_time = ("run_time_average", "run_time_p50", "run_time_p95")
@@ -36,9 +37,9 @@ def expected_rows() -> dict[tuple[int, datetime], dict]:
     minute_10 = {
         **dict(zip(outcomes, (4, 1, 1, 1, 1, 0, 4), strict=True)),
         **dict(zip(run_time, (2.5, 2.5, 3.85), strict=True)),  # 1 2 3 4
-        **dict(zip(queue_wait, (7 / 3, 1.0, 4.6), strict=True)),  # 1 1 5
-        "run_time_histogram": histogram({6: 2, 7: 2}), "run_time_sum": 10.0,
-        "queue_wait_histogram": histogram({6: 2, 8: 1}), "queue_wait_sum": 7.0,
+        **dict(zip(queue_wait, (2.5, 2.0, 4.7), strict=True)),  # 1 1 3 5
+        "run_time_histogram": histogram({5: 1, 6: 1, 7: 2}), "run_time_sum": 10.0,
+        "queue_wait_histogram": histogram({5: 2, 7: 2}), "queue_wait_sum": 10.0,
         "worker_heartbeat_delay": 15.0,
         "error_rates_per_agent": {e: {"count": 1, "rate": 0.25} for e in ERRORS},
     }
@@ -47,15 +48,15 @@ def expected_rows() -> dict[tuple[int, datetime], dict]:
         **dict(zip(run_time, (4.0, 4.0, 4.0), strict=True)),
         **dict(zip(queue_wait, (10.0, 10.0, 10.0), strict=True)),
         "run_time_histogram": histogram({7: 1}), "run_time_sum": 4.0,
-        "queue_wait_histogram": histogram({9: 1}), "queue_wait_sum": 10.0,
+        "queue_wait_histogram": histogram({8: 1}), "queue_wait_sum": 10.0,
         "worker_heartbeat_delay": 75.0, "error_rates_per_agent": {},
     }
     whole = {
         **dict(zip(outcomes, (4, 2, 1, 1, 1, 0, 5), strict=True)),
         **dict(zip(run_time, (2.8, 3.0, 4.0), strict=True)),  # 1 2 3 4 4
-        **dict(zip(queue_wait, (4.25, 3.0, 9.25), strict=True)),  # 1 1 5 10
-        "run_time_histogram": histogram({6: 2, 7: 3}), "run_time_sum": 14.0,
-        "queue_wait_histogram": histogram({6: 2, 8: 1, 9: 1}), "queue_wait_sum": 17.0,
+        **dict(zip(queue_wait, (4.0, 3.0, 9.0), strict=True)),  # 1 1 3 5 10
+        "run_time_histogram": histogram({5: 1, 6: 1, 7: 3}), "run_time_sum": 14.0,
+        "queue_wait_histogram": histogram({5: 2, 7: 2, 8: 1}), "queue_wait_sum": 20.0,
         "worker_heartbeat_delay": 75.0,
         "error_rates_per_agent": {e: {"count": 1, "rate": 0.2} for e in ERRORS},
     }

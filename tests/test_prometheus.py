@@ -7,10 +7,10 @@ from django.contrib.auth.models import User
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from task_queue import metrics
-from task_queue.models import RollupProgress
+from task_queue import metrics, operations
+from task_queue.models import Task, TaskStatus
 from tests.support.api import token
-from tests.support.history import T0, at, seed_history
+from tests.support.history import at, seed_history
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,26 +40,33 @@ def test_metrics_need_a_token_a_staff_session_or_an_allowed_network(settings):
     assert scrape(staff)
     settings.METRICS_ALLOWED_NETWORKS = ["127.0.0.0/8"]  # the test client's address
     assert scrape(anonymous)
-    settings.METRICS_ALLOWED_NETWORKS = ["10.0.0.0/8"]
+    settings.METRICS_ALLOWED_NETWORKS = ["10.0.0.0/8", "not a network"]
     assert anonymous.get("/metrics").status_code == 401
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    with pytest.raises(SystemCheckError, match="'not a network' is not a network"):
+        call_command("check")
 
 
 def test_counters_and_histograms_add_rollups_and_what_came_after():
     """seed_history: EchoAgent created 4 tasks; 2 completed, 1 failed, 1 died, 1 was
-    retried; 5 attempts ran 1, 2, 3, 4 and 4 s; 4 tasks waited 1, 1, 5 and 10 s."""
+    retried; 5 attempts ran 1, 2, 3, 4 and 4 s and waited 1, 1, 3, 5 and 10 s.
+
+    The figures stay the same before any rollup, after each rollup pass (minutes,
+    hours and days catching up at different speeds) and after a revive."""
     seed_history()
-    for width in metrics.BUCKET_SECONDS:
-        RollupProgress.objects.create(
-            bucket_seconds=width, computed_until=metrics.bucket_floor(T0, width)
-        )
-    metrics.roll_up(now=at(90))  # minute 10:00 rolled up; 10:01 is not yet
     client = Client()
     auth = {"HTTP_AUTHORIZATION": f"Bearer {token('read')}"}
-    partly = scrape(client, **auth)
-    metrics.roll_up(now=at(26 * 3600))  # everything rolled up, as minutes, hours, days
-    whole = scrape(client, **auth)
+    scrapes = [scrape(client, **auth)]  # nothing rolled up: all from the source
+    while metrics.roll_up(now=at(26 * 3600)):  # each pass: at most MAX_SPAN per width
+        scrapes.append(scrape(client, **auth))
+    assert len(scrapes) > 3
+    failed = Task.objects.get(status=TaskStatus.FAILED)
+    operations.revive([failed.id], actor="user:ops")
+    scrapes.append(scrape(client, **auth))
 
-    for found in (partly, whole):
+    for found in scrapes:
         assert found[echo("automechanica_tasks_created_total")] == 4
         assert found[echo("automechanica_tasks_completed_total")] == 2
         assert found[echo("automechanica_tasks_failed_total")] == 1
@@ -69,10 +76,11 @@ def test_counters_and_histograms_add_rollups_and_what_came_after():
         assert found[echo("automechanica_task_run_seconds_sum")] == pytest.approx(14)
         assert found[echo("automechanica_task_run_seconds_bucket", le="2.5")] == 2
         assert found[echo("automechanica_task_run_seconds_bucket", le="5.0")] == 5
-        assert found[echo("automechanica_task_queue_wait_seconds_count")] == 4
-        assert found[echo("automechanica_task_queue_wait_seconds_sum")] == pytest.approx(17)
-        assert found[echo("automechanica_task_queue_wait_seconds_bucket", le="10.0")] == 3
+        assert found[echo("automechanica_task_queue_wait_seconds_count")] == 5
+        assert found[echo("automechanica_task_queue_wait_seconds_sum")] == pytest.approx(20)
+        assert found[echo("automechanica_task_queue_wait_seconds_bucket", le="5.0")] == 4
+        assert found[echo("automechanica_task_queue_wait_seconds_bucket", le="10.0")] == 5
         assert found[echo("automechanica_tasks", status="completed")] == 2
-        assert found[echo("automechanica_tasks", status="dead")] == 1
         assert found[echo("automechanica_workers_alive")] == 0  # heartbeats of 2026-11-20
-        assert found[echo("automechanica_oldest_pending_age_seconds")] == 0
+    assert scrapes[0][echo("automechanica_tasks", status="dead")] == 1
+    assert scrapes[-1][echo("automechanica_tasks", status="pending")] == 1  # the revived

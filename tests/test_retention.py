@@ -85,7 +85,7 @@ def test_pruning_deletes_exactly_the_finished_tasks_past_retention():
     assert AgentEvent.objects.filter(task_id__in=closed_tasks).count() == 2
     run = RetentionRun.objects.get()
     assert (run.tasks, run.workflows, run.agent_events) == (4, 1, 1)
-    assert not retention.prune()  # nothing left to do
+    assert retention.prune() == retention.Pruned()  # it ran, and found nothing left
 
 
 def test_pruning_skips_a_row_someone_holds_instead_of_waiting():

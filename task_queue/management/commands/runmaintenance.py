@@ -12,8 +12,10 @@ cluster, by advisory lock.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
+import time
 from typing import Any
 
 from django.conf import settings
@@ -46,6 +48,7 @@ class Command(BaseCommand):
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: stop.set())
         self.stdout.write(f"maintenance every {options['every']} s")
+        pruned_at = -math.inf
         while True:
             try:
                 reaped = reaper.reap_expired_leases()
@@ -56,7 +59,9 @@ class Command(BaseCommand):
                     logger.info("metric rollups written: %s", rolled_up)
                 if analytics.schedule_daily_report():
                     self.stdout.write("asked the AnalyticsAgent for yesterday's report")
-                retention.prune()
+                if time.monotonic() - pruned_at >= retention.EVERY_SECONDS:
+                    retention.prune()
+                    pruned_at = time.monotonic()
             except DatabaseError as error:
                 logger.warning("maintenance pass failed (%s); trying again", error)
                 close_old_connections()

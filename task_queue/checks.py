@@ -1,0 +1,25 @@
+"""System checks (``manage.py check``, and every command's start) for queue settings."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import Error
+
+
+def metrics_allowed_networks(**kwargs: Any) -> list[Error]:
+    errors = []
+    for entry in settings.METRICS_ALLOWED_NETWORKS:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError as problem:
+            errors.append(
+                Error(
+                    f"METRICS_ALLOWED_NETWORKS: {entry!r} is not a network ({problem})",
+                    hint='Comma-separated CIDRs, e.g. "127.0.0.1/32,10.0.0.0/8".',
+                    id="queue.E001",
+                )
+            )
+    return errors
