@@ -19,38 +19,13 @@ from agents_app.models import AgentEvent, DailyReport
 from task_queue import metrics, operations, queries
 from task_queue.models import RollupProgress, Task, TaskQueueMetric, TaskStatus
 from tests.conftest import REPO, manage_env
-from tests.support.history import T0, at, complete, created, seed_history, start
+from tests.support.history import T0, at, seed_day_and_week, seed_history, seed_week
 from tests.support.users import staff
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 DAY = T0.date()  # 2026-11-20
 DAY_START = metrics.bucket_floor(T0, metrics.DAY)
-
-
-def seed_day_and_week() -> None:
-    """seed_history plus one more completed task (5 ended: 3 completed, 1 failed, 1
-    dead), rolled up; and the 7 days before, 20 completed a day and no failure."""
-    seed_history()
-    extra = created(300)
-    (token,) = start(301).values()
-    complete(extra, token, 302)
-    for width in metrics.BUCKET_SECONDS:
-        RollupProgress.objects.create(
-            bucket_seconds=width, computed_until=metrics.bucket_floor(T0, width)
-        )
-    metrics.roll_up(now=at(26 * 3600))
-    seed_week()
-
-
-def seed_week() -> None:
-    """The 7 days before: 20 completed a day and no failure."""
-    for n in range(1, 8):
-        TaskQueueMetric.objects.create(
-            bucket_start=metrics.bucket_floor(T0 - timedelta(days=n), metrics.DAY),
-            bucket_seconds=metrics.DAY, agent_name="EchoAgent", tasks_created=20,
-            tasks_completed=20, attempts=20,
-        )  # fmt: skip
 
 
 def echo(report: dict) -> dict:

@@ -288,3 +288,26 @@ def test_a_websocket_without_a_session_is_refused(users, live_servers, browser):
     assert outcome == "closed 1006"  # the handshake was refused (403)
     page.goto(server.url + "/")
     assert "/admin/login/" in page.url  # and the page itself asks for a login
+
+
+def test_a_daily_report_page(users, live_servers, browser):
+    from agents_app.analytics import build_daily_report
+    from agents_app.models import DailyReport
+    from tests.support.history import T0, at, seed_day_and_week
+
+    def written() -> None:
+        seed_day_and_week()
+        report = build_daily_report(T0.date(), now=at(26 * 3600))
+        DailyReport.objects.create(day=T0.date(), report=report, partial=False)
+
+    db(written)
+    server = live_servers()
+    page = log_in(browser, server, "viewer", "/reports/daily/")
+    page.click('a[href="/reports/daily/2026-11-20/"]')
+    page.wait_for_selector('[data-anomaly="failure_rate"]')
+    assert page.locator("svg.chart").count() == 2
+    assert page.inner_text('[data-total="completed"]') == "3"
+    shot(page, "daily-report")
+    page.click("[data-example-task] >> nth=0")
+    page.wait_for_selector("#similar-tasks")
+    shot(page, "report-example-task")

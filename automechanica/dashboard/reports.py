@@ -14,6 +14,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
+from agents_app.analytics import COUNTS
 from agents_app.models import DailyReport
 from task_queue import operations, queries
 from task_queue.models import Task, TaskStatus
@@ -59,6 +60,7 @@ def daily_report(request: HttpRequest, day: str) -> HttpResponse:
     }
     if report:
         context["errors"] = [(a["agent"], e) for a in report["agents"] for e in a["errors"]]
+        context["totals"] = [(name, report["totals"][name]) for name in COUNTS]
         hours = report["hours"]
         context["completed_chart"] = charts.bars(
             [(f"{h['hour']:02d}:00", h["completed"]) for h in hours],

@@ -7,8 +7,8 @@ import json
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
-from task_queue import operations, queries
-from task_queue.models import Task
+from task_queue import metrics, operations, queries
+from task_queue.models import RollupProgress, Task, TaskQueueMetric
 
 T0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
 OWNER = "metrics-test:1"
@@ -75,3 +75,28 @@ def seed_history() -> None:
     (token_b,) = start(70).values()
     complete(b, token_b, 74)
     beat(100)
+
+
+def seed_day_and_week() -> None:
+    """seed_history plus one more completed task (5 ended: 3 completed, 1 failed, 1
+    dead), rolled up; and the 7 days before, 20 completed a day and no failure."""
+    seed_history()
+    extra = created(300)
+    (token,) = start(301).values()
+    complete(extra, token, 302)
+    for width in metrics.BUCKET_SECONDS:
+        RollupProgress.objects.create(
+            bucket_seconds=width, computed_until=metrics.bucket_floor(T0, width)
+        )
+    metrics.roll_up(now=at(26 * 3600))
+    seed_week()
+
+
+def seed_week() -> None:
+    """The 7 days before: 20 completed a day and no failure."""
+    for n in range(1, 8):
+        TaskQueueMetric.objects.create(
+            bucket_start=metrics.bucket_floor(T0 - timedelta(days=n), metrics.DAY),
+            bucket_seconds=metrics.DAY, agent_name="EchoAgent", tasks_created=20,
+            tasks_completed=20, attempts=20,
+        )  # fmt: skip
