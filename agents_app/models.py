@@ -9,6 +9,9 @@ their events, which are the agents' memory and kept longer: an event may then na
 task that is gone, so readers treat ``task_id`` as a reference, not a join.
 """
 
+import uuid
+
+from django.contrib.postgres.functions import RandomUUID
 from django.db import models
 from django.db.models.functions import Now
 from pgvector.django import HnswIndex, VectorField
@@ -119,3 +122,93 @@ class DailyReport(models.Model):
 
     def __str__(self) -> str:
         return f"daily report {self.day}{' (partial)' if self.partial else ''}"
+
+
+class MessageType(models.TextChoices):
+    TASK_REQUEST = "task_request"
+    DATA_SHARE = "data_share"
+    COMMAND = "command"
+    RESPONSE = "response"
+    NOTIFICATION = "notification"
+
+
+class MessageStatus(models.TextChoices):
+    PENDING = "pending"  # not yet received
+    DELIVERED = "delivered"  # received, not acknowledged: redelivered once visible again
+    ACKNOWLEDGED = "acknowledged"
+    EXPIRED = "expired"
+
+
+class AgentMessage(models.Model):
+    """A direct message from one agent to another (seed 002, pattern 1), delivered at
+    least once: a receiver leases it for a visibility timeout and acknowledges it after
+    processing; unacknowledged, it is delivered again (``agents_app.messaging``)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, db_default=RandomUUID())
+    from_agent = models.TextField()
+    to_agent = models.TextField()
+    message_type = models.TextField(choices=MessageType.choices)
+    payload = models.JSONField(default=dict)
+    priority = models.IntegerField(default=5, db_default=5)  # 1–10, higher first
+    status = models.TextField(
+        choices=MessageStatus.choices, default=MessageStatus.PENDING, db_default="pending"
+    )
+    correlation_id = models.TextField(null=True, blank=True)
+    reply_to = models.TextField(null=True, blank=True)  # the agent a response goes to
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    expires_at = models.DateTimeField()
+    # When a receiver may have it (again): creation, then the end of each lease.
+    visible_at = models.DateTimeField(db_default=Now())
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    delivery_count = models.IntegerField(default=0, db_default=0)
+    receipt = models.UUIDField(null=True, blank=True)  # the current delivery's, for ack
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "agent_messages"
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(priority__gte=1, priority__lte=10),
+                name="agent_messages_priority_range",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(status__in=MessageStatus.values),
+                name="agent_messages_status_valid",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(message_type__in=MessageType.values),
+                name="agent_messages_type_valid",
+            ),
+        ]
+        indexes = [
+            # A mailbox in delivery order: priority, then arrival.
+            models.Index(
+                "to_agent",
+                models.F("priority").desc(),
+                "created_at",
+                condition=models.Q(status__in=["pending", "delivered"]),
+                name="agent_messages_mailbox_idx",
+            ),
+            models.Index(
+                fields=["expires_at"],
+                condition=models.Q(status__in=["pending", "delivered"]),
+                name="agent_messages_open_expiry_idx",
+            ),
+            models.Index(
+                fields=["correlation_id"],
+                condition=models.Q(correlation_id__isnull=False),
+                name="agent_messages_correlation_idx",
+            ),
+            # Retention of the finished ones; the API's listing of a mailbox.
+            models.Index(
+                fields=["expires_at"],
+                condition=models.Q(status__in=["acknowledged", "expired"]),
+                name="agent_messages_done_expiry_idx",
+            ),
+            models.Index(fields=["to_agent", "-created_at"], name="agent_messages_listing_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.message_type} {self.from_agent} → {self.to_agent} ({self.status})"

@@ -1382,6 +1382,129 @@ def recover_embedding_jobs() -> int:
     return _rows_nofetch(RECOVER_EMBEDDING_JOBS, {})
 
 
+# ---------------------------------------------------------------- agent messages
+
+MESSAGES_CHANNEL = "automechanica_messages"  # payload: the recipient agent's name
+
+# One statement: the message, and the notification that wakes its recipient's readers
+# (sent at commit, so a rolled-back send wakes nobody).
+SEND_MESSAGE = f"""
+WITH sent AS (
+    INSERT INTO agent_messages (from_agent, to_agent, message_type, payload, priority,
+                                correlation_id, reply_to, metadata, expires_at)
+    VALUES (%(from_agent)s, %(to_agent)s, %(message_type)s, %(payload)s::jsonb,
+            %(priority)s, %(correlation_id)s, %(reply_to)s, %(metadata)s::jsonb,
+            now() + make_interval(secs => %(expires_in)s))
+    RETURNING id, to_agent
+)
+SELECT sent.id, pg_notify('{MESSAGES_CHANNEL}', sent.to_agent) IS NULL FROM sent
+"""
+
+# A mailbox read: the visible messages of one agent, highest priority first, then
+# oldest, each leased to this reader for the visibility timeout under a new receipt.
+# SKIP LOCKED: two readers of one agent never take the same message at once.
+# clock_timestamp(), not now(): a reader inside a long transaction still sees what
+# became visible after it began.
+RECEIVE_MESSAGES = """
+WITH visible AS (
+    SELECT id FROM agent_messages
+    WHERE to_agent = %(agent)s AND status IN ('pending', 'delivered')
+      AND visible_at <= clock_timestamp() AND expires_at > clock_timestamp()
+    ORDER BY priority DESC, created_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE agent_messages m
+SET status = 'delivered', delivered_at = clock_timestamp(),
+    delivery_count = m.delivery_count + 1, receipt = gen_random_uuid(),
+    visible_at = clock_timestamp() + make_interval(secs => %(visibility_seconds)s)
+FROM visible
+WHERE m.id = visible.id
+RETURNING m.id, m.from_agent, m.to_agent, m.message_type, m.payload, m.priority,
+          m.correlation_id, m.reply_to, m.metadata, m.created_at, m.expires_at,
+          m.delivery_count, m.receipt
+"""
+
+# Fenced by the receipt: a reader whose lease ran out (the message went to another)
+# cannot acknowledge it.
+ACK_MESSAGE = """
+UPDATE agent_messages
+SET status = 'acknowledged', acknowledged_at = clock_timestamp(), receipt = NULL
+WHERE id = %(id)s AND receipt = %(receipt)s AND status = 'delivered'
+RETURNING id
+"""
+
+# Retention, in batches that skip rows someone holds. A message still leased to a
+# reader is left to it until the lease ends, so its acknowledgement is not refused.
+EXPIRE_MESSAGES = """
+WITH due AS (
+    SELECT id FROM agent_messages
+    WHERE status IN ('pending', 'delivered') AND expires_at <= now() AND visible_at <= now()
+    ORDER BY expires_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE agent_messages m SET status = 'expired', receipt = NULL FROM due WHERE m.id = due.id
+"""
+
+PRUNE_MESSAGES = """
+WITH doomed AS (
+    SELECT id FROM agent_messages
+    WHERE status IN ('acknowledged', 'expired') AND expires_at < %(cutoff)s
+    ORDER BY expires_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM agent_messages m USING doomed WHERE m.id = doomed.id
+"""
+
+
+def send_message(
+    *,
+    from_agent: str,
+    to_agent: str,
+    message_type: str,
+    payload: str,
+    priority: int,
+    correlation_id: str | None,
+    reply_to: str | None,
+    metadata: str,
+    expires_in: float,
+) -> UUID:
+    params = {
+        "from_agent": from_agent,
+        "to_agent": to_agent,
+        "message_type": message_type,
+        "payload": payload,
+        "priority": priority,
+        "correlation_id": correlation_id,
+        "reply_to": reply_to,
+        "metadata": metadata,
+        "expires_in": expires_in,
+    }
+    return _rows(SEND_MESSAGE, params)[0][0]
+
+
+def receive_messages(*, agent: str, limit: int, visibility_seconds: float) -> list[tuple]:
+    params = {"agent": agent, "limit": limit, "visibility_seconds": visibility_seconds}
+    return _rows(RECEIVE_MESSAGES, params)
+
+
+def ack_message(message_id: UUID, receipt: UUID) -> bool:
+    return bool(_rows(ACK_MESSAGE, {"id": message_id, "receipt": receipt}))
+
+
+def expire_messages(*, batch: int) -> int:
+    """Mark up to ``batch`` unacknowledged, unleased messages past their expiry expired."""
+    return _rows_nofetch(EXPIRE_MESSAGES, {"batch": batch})
+
+
+def prune_messages(*, cutoff: datetime, batch: int) -> int:
+    """Delete up to ``batch`` acknowledged or expired messages that expired before
+    ``cutoff``."""
+    return _rows_nofetch(PRUNE_MESSAGES, {"cutoff": cutoff, "batch": batch})
+
+
 # ---------------------------------------------------------------- benchmark
 
 # Synthetic history for measuring the dashboard at scale: `count` tasks of `agents`,

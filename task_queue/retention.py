@@ -5,7 +5,10 @@
   of them are that old);
 - agent events and their embedding jobs after ``AGENT_EVENT_RETENTION_DAYS``: they are
   the agents' memory, kept longer;
-- per-minute heartbeat counts and minute rollups once the wider rollups hold them.
+- per-minute heartbeat counts and minute rollups once the wider rollups hold them;
+- agent messages: unacknowledged ones past their expiry (and no longer leased) are
+  marked expired, and acknowledged or expired ones go ``QUEUE_RETENTION_DAYS`` after
+  they expired.
 
 Dead and failed tasks stay until an operator revives or cancels them. Each batch is
 its own short transaction that skips rows someone else has locked, so a pass never
@@ -39,9 +42,10 @@ class Pruned:
     tasks: int = 0
     workflows: int = 0
     agent_events: int = 0
+    messages: int = 0
 
     def __bool__(self) -> bool:
-        return bool(self.tasks or self.workflows or self.agent_events)
+        return bool(self.tasks or self.workflows or self.agent_events or self.messages)
 
 
 def prune(*, now: datetime | None = None) -> Pruned | None:
@@ -60,10 +64,13 @@ def prune(*, now: datetime | None = None) -> Pruned | None:
                 cutoff=task_cutoff, batch=BATCH
             )
             events = queries.prune_agent_events(cutoff=event_cutoff, batch=BATCH)
+            expired = queries.expire_messages(batch=BATCH)
+            messages = queries.prune_messages(cutoff=task_cutoff, batch=BATCH)
         pruned.tasks += tasks + workflow_tasks
         pruned.workflows += workflows
         pruned.agent_events += events
-        if max(tasks, workflows, events) < BATCH:
+        pruned.messages += messages
+        if max(tasks, workflows, events, expired, messages) < BATCH:
             break
     with transaction.atomic():
         queries.prune_worker_heartbeats(
@@ -77,7 +84,7 @@ def prune(*, now: datetime | None = None) -> Pruned | None:
             RetentionRun.objects.filter(ran_at__lt=clock - timedelta(days=30)).delete()
     if pruned:
         logger.info(
-            "retention: pruned %d task(s), %d workflow(s), %d agent event(s)",
-            pruned.tasks, pruned.workflows, pruned.agent_events,
+            "retention: pruned %d task(s), %d workflow(s), %d agent event(s), %d message(s)",
+            pruned.tasks, pruned.workflows, pruned.agent_events, pruned.messages,
         )  # fmt: skip
     return pruned

@@ -14,6 +14,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI, Schema
 from ninja.errors import AuthenticationError, AuthorizationError, HttpError, ValidationError
 
+from agents_app.messaging import InvalidMessage
 from task_queue.operations import IdempotencyConflict, InvalidTask
 
 
@@ -140,6 +141,10 @@ def install(api: NinjaAPI) -> None:
         return respond(
             request, status, body(exc.code, str(exc), [(exc.path, exc.message)], exc.details)
         )
+
+    @api.exception_handler(InvalidMessage)
+    def invalid_message(request: HttpRequest, exc: InvalidMessage) -> HttpResponse:
+        return respond(request, 422, body("invalid", str(exc), [(exc.field, exc.message)]))
 
     @api.exception_handler(IdempotencyConflict)
     def idempotency_conflict(request: HttpRequest, exc: IdempotencyConflict) -> HttpResponse:

@@ -263,6 +263,79 @@ class WorkflowCancelOut(Schema):
     workflow: WorkflowOut
 
 
+# ------------------------------------------------------------------ agent messages
+
+MessageTypeName = Literal["task_request", "data_share", "command", "response", "notification"]
+MessageStatusName = Literal["pending", "delivered", "acknowledged", "expired"]
+AgentName = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_storable)]
+
+
+class MessageSend(StrictSchema):
+    """A direct message (seed 002): at least once, highest priority first."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "from_agent": "PricingAgent",
+                    "to_agent": "FitmentAgent",
+                    "message_type": "task_request",
+                    "payload": {"sku": "RTR-305F", "need": "fitment"},
+                    "priority": 7,
+                    "reply_to": "PricingAgent",
+                }
+            ]
+        },
+    )
+
+    from_agent: AgentName
+    to_agent: AgentName
+    message_type: MessageTypeName
+    payload: Any = Field(default_factory=dict)
+    priority: Annotated[Int, Field(ge=1, le=10)] = 5
+    correlation_id: AgentName | None = None
+    reply_to: AgentName | None = Field(None, description="The agent a response goes to.")
+    expires_in_seconds: Annotated[float, Field(gt=0, le=30 * 86400, allow_inf_nan=False)] = 3600.0
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class MessageOut(Schema):
+    id: UUID
+    from_agent: str
+    to_agent: str
+    message_type: MessageTypeName
+    payload: Any
+    priority: int
+    status: MessageStatusName
+    correlation_id: str | None
+    reply_to: str | None
+    metadata: dict[str, Any]
+    created_at: datetime
+    expires_at: datetime
+    delivery_count: int
+
+
+class DeliveredMessageOut(MessageOut):
+    receipt: UUID = Field(description="This delivery's: acknowledge with it.")
+
+
+class MessageReceive(StrictSchema):
+    agent: AgentName
+    limit: Annotated[Int, Field(ge=1, le=100)] = 10
+    visibility_timeout_seconds: Annotated[float, Field(ge=0, le=43200, allow_inf_nan=False)] = (
+        Field(30.0, description="Unacknowledged by then, the message is delivered again.")
+    )
+
+
+class MessageAck(StrictSchema):
+    receipt: UUID
+
+
+class MessageAckOut(Schema):
+    acknowledged: bool
+
+
 # ------------------------------------------------------------------ agent memory
 
 

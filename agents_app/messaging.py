@@ -1,0 +1,202 @@
+"""Direct messages between agents (seed 002, pattern 1), delivered at least once.
+
+``send`` writes a message and wakes its recipient's readers (NOTIFY). ``receive``
+leases up to ``limit`` of an agent's messages, highest priority first, then oldest,
+for ``visibility_timeout`` seconds; ``ack`` with the delivery's receipt marks one
+processed. A message not acknowledged in time is delivered again (its
+``delivery_count`` says how often), and one past ``expires_at`` is delivered no more.
+Readers of one agent in many processes never hold the same message at once (FOR
+UPDATE SKIP LOCKED). With ``wait``, ``receive`` blocks on the notification, polling
+as a fallback.
+
+Messages carry facts and requests: an agent that wants work from another sends a
+``task_request``, and the orchestrator turns requests into tasks (spec 001 §10).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from django.conf import settings
+from django.db import connection
+
+from task_queue import queries
+from task_queue.storable import storable_json, text_problem
+
+from .models import MessageType
+
+DEFAULT_EXPIRY_SECONDS = 3600.0
+MAX_EXPIRY_SECONDS = 30 * 86400.0
+MAX_VISIBILITY_SECONDS = 12 * 3600.0
+MAX_RECEIVE = 100
+MAX_WAIT_SECONDS = 3600.0
+POLL_SECONDS = 5.0  # the fallback when no notification comes
+
+
+class InvalidMessage(ValueError):
+    """A message was refused; ``field`` names the offending field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Message:
+    id: UUID
+    from_agent: str
+    to_agent: str
+    message_type: str
+    payload: Any
+    priority: int
+    correlation_id: str | None
+    reply_to: str | None
+    metadata: dict[str, Any]
+    created_at: datetime
+    expires_at: datetime
+    delivery_count: int
+    receipt: UUID  # this delivery's: ack with it
+
+
+def send(
+    from_agent: str,
+    to_agent: str,
+    message_type: str,
+    payload: Any = None,
+    *,
+    priority: int = 5,
+    correlation_id: str | None = None,
+    reply_to: str | None = None,
+    expires_in: float = DEFAULT_EXPIRY_SECONDS,
+    metadata: dict[str, Any] | None = None,
+) -> UUID:
+    """Send a message; returns its id. Raises :class:`InvalidMessage`."""
+    for field, value in (("from_agent", from_agent), ("to_agent", to_agent)):
+        _text(field, value, required=True)
+    _text("correlation_id", correlation_id)
+    _text("reply_to", reply_to)
+    if message_type not in MessageType.values:
+        raise InvalidMessage("message_type", f"must be one of {', '.join(MessageType.values)}")
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 1 <= priority <= 10:
+        raise InvalidMessage("priority", "must be an integer from 1 to 10")
+    if (
+        isinstance(expires_in, bool)
+        or not isinstance(expires_in, int | float)
+        or not 0 < expires_in <= MAX_EXPIRY_SECONDS
+    ):
+        raise InvalidMessage("expires_in", f"must be seconds in (0, {MAX_EXPIRY_SECONDS:.0f}]")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise InvalidMessage("metadata", "must be an object")
+    payload_json = _json("payload", {} if payload is None else payload)
+    if len(payload_json.encode()) > settings.QUEUE_MAX_PAYLOAD_BYTES:
+        raise InvalidMessage(
+            "payload", f"is larger than {settings.QUEUE_MAX_PAYLOAD_BYTES} bytes as JSON"
+        )
+    return queries.send_message(
+        from_agent=from_agent,
+        to_agent=to_agent,
+        message_type=message_type,
+        payload=payload_json,
+        priority=priority,
+        correlation_id=correlation_id,
+        reply_to=reply_to,
+        metadata=_json("metadata", metadata or {}),
+        expires_in=float(expires_in),
+    )
+
+
+def reply(to: Message, from_agent: str, payload: Any = None, **options: Any) -> UUID:
+    """Answer ``to``: a ``response`` to its ``reply_to`` (or its sender), correlated by
+    its ``correlation_id`` (or its id)."""
+    options.setdefault("correlation_id", to.correlation_id or str(to.id))
+    return send(from_agent, to.reply_to or to.from_agent, MessageType.RESPONSE, payload, **options)
+
+
+def receive(
+    agent: str, *, limit: int = 10, visibility_timeout: float = 30.0, wait: float = 0.0
+) -> list[Message]:
+    """Lease up to ``limit`` of ``agent``'s visible messages; with ``wait``, block up to
+    that many seconds for one to arrive."""
+    _text("agent", agent, required=True)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_RECEIVE:
+        raise InvalidMessage("limit", f"must be an integer from 1 to {MAX_RECEIVE}")
+    if not 0 <= visibility_timeout <= MAX_VISIBILITY_SECONDS:  # False for NaN too
+        raise InvalidMessage("visibility_timeout", "must be seconds from 0 to 43200")
+    if not 0 <= wait <= MAX_WAIT_SECONDS:
+        raise InvalidMessage("wait", f"must be seconds from 0 to {MAX_WAIT_SECONDS:.0f}")
+    messages = _receive(agent, limit, visibility_timeout)
+    if messages or not wait:
+        return messages
+    if connection.in_atomic_block:
+        # A send commits, and so wakes anyone, only outside this transaction's view.
+        raise InvalidMessage("wait", "cannot wait inside a transaction")
+    deadline = time.monotonic() + wait
+    with _listener() as listen:  # listening before each look: no wake-up falls between
+        while True:
+            messages = _receive(agent, limit, visibility_timeout)
+            remaining = deadline - time.monotonic()
+            if messages or remaining <= 0:
+                return messages
+            for note in listen.notifies(timeout=min(remaining, POLL_SECONDS)):
+                if note.payload == agent:
+                    break
+
+
+def ack(message: Message) -> bool:
+    """Mark ``message`` processed; False if its lease ran out and it went elsewhere."""
+    return acknowledge(message.id, message.receipt)
+
+
+def acknowledge(message_id: UUID, receipt: UUID) -> bool:
+    """``ack`` by id and receipt (what the HTTP API receives)."""
+    return queries.ack_message(message_id, receipt)
+
+
+def _receive(agent: str, limit: int, visibility_timeout: float) -> list[Message]:
+    rows = queries.receive_messages(agent=agent, limit=limit, visibility_seconds=visibility_timeout)
+    messages = [_message(row) for row in rows]
+    return sorted(messages, key=lambda m: (-m.priority, m.created_at))
+
+
+def _message(row: tuple) -> Message:
+    values = list(row)
+    values[4], values[8] = json.loads(values[4]), json.loads(values[8])  # jsonb as text
+    return Message(*values)
+
+
+@contextmanager
+def _listener() -> Iterator[psycopg.Connection]:
+    """A connection of its own that LISTENs for messages sent to any agent."""
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    with psycopg.connect(**params, autocommit=True) as listen:
+        listen.execute(f"LISTEN {queries.MESSAGES_CHANNEL}")
+        yield listen
+
+
+def _text(field: str, value: str | None, *, required: bool = False) -> None:
+    if value is None and not required:
+        return
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidMessage(field, "must be a non-empty string")
+    if len(value) > 200:
+        raise InvalidMessage(field, "must be at most 200 characters")
+    if problem := text_problem(value):
+        raise InvalidMessage(field, problem)
+
+
+def _json(field: str, value: Any) -> str:
+    try:
+        return storable_json(value)
+    except ValueError as error:
+        raise InvalidMessage(field, str(error)) from None
