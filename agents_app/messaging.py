@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 import psycopg
@@ -37,6 +37,7 @@ DEFAULT_EXPIRY_SECONDS = 3600.0
 MAX_EXPIRY_SECONDS = 30 * 86400.0
 MAX_VISIBILITY_SECONDS = 12 * 3600.0
 MAX_RECEIVE = 100
+T = TypeVar("T")
 MAX_WAIT_SECONDS = 3600.0
 POLL_SECONDS = 5.0  # the fallback when no notification comes
 
@@ -81,26 +82,16 @@ def send(
 ) -> UUID:
     """Send a message; returns its id. Raises :class:`InvalidMessage`."""
     for field, value in (("from_agent", from_agent), ("to_agent", to_agent)):
-        _text(field, value, required=True)
-    _text("correlation_id", correlation_id)
-    _text("reply_to", reply_to)
+        check_text(field, value, required=True)
+    check_text("correlation_id", correlation_id)
+    check_text("reply_to", reply_to)
     if message_type not in MessageType.values:
         raise InvalidMessage("message_type", f"must be one of {', '.join(MessageType.values)}")
     if isinstance(priority, bool) or not isinstance(priority, int) or not 1 <= priority <= 10:
         raise InvalidMessage("priority", "must be an integer from 1 to 10")
-    if (
-        isinstance(expires_in, bool)
-        or not isinstance(expires_in, int | float)
-        or not 0 < expires_in <= MAX_EXPIRY_SECONDS
-    ):
-        raise InvalidMessage("expires_in", f"must be seconds in (0, {MAX_EXPIRY_SECONDS:.0f}]")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise InvalidMessage("metadata", "must be an object")
-    payload_json = _json("payload", {} if payload is None else payload)
-    if len(payload_json.encode()) > settings.QUEUE_MAX_PAYLOAD_BYTES:
-        raise InvalidMessage(
-            "payload", f"is larger than {settings.QUEUE_MAX_PAYLOAD_BYTES} bytes as JSON"
-        )
+    check_lifetime("expires_in", expires_in)
+    check_metadata(metadata)
+    payload_json = as_json("payload", {} if payload is None else payload)
     return queries.send_message(
         from_agent=from_agent,
         to_agent=to_agent,
@@ -109,7 +100,7 @@ def send(
         priority=priority,
         correlation_id=correlation_id,
         reply_to=reply_to,
-        metadata=_json("metadata", metadata or {}),
+        metadata=as_json("metadata", metadata or {}),
         expires_in=float(expires_in),
     )
 
@@ -126,26 +117,42 @@ def receive(
 ) -> list[Message]:
     """Lease up to ``limit`` of ``agent``'s visible messages; with ``wait``, block up to
     that many seconds for one to arrive."""
-    _text("agent", agent, required=True)
+    check_text("agent", agent, required=True)
+    check_receive(limit, visibility_timeout, wait)
+    return wait_for_some(
+        lambda: _receive(agent, limit, visibility_timeout),
+        channel=queries.MESSAGES_CHANNEL,
+        agent=agent,
+        wait=wait,
+    )
+
+
+def check_receive(limit: int, visibility_timeout: float, wait: float) -> None:
+    """The limits of a read, shared by mailboxes and subscriptions."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_RECEIVE:
         raise InvalidMessage("limit", f"must be an integer from 1 to {MAX_RECEIVE}")
     if not 0 <= visibility_timeout <= MAX_VISIBILITY_SECONDS:  # False for NaN too
         raise InvalidMessage("visibility_timeout", "must be seconds from 0 to 43200")
     if not 0 <= wait <= MAX_WAIT_SECONDS:
         raise InvalidMessage("wait", f"must be seconds from 0 to {MAX_WAIT_SECONDS:.0f}")
-    messages = _receive(agent, limit, visibility_timeout)
-    if messages or not wait:
-        return messages
+
+
+def wait_for_some(look: Callable[[], list[T]], *, channel: str, agent: str, wait: float) -> list[T]:
+    """``look()``; if it finds nothing and ``wait`` is set, look again whenever
+    ``channel`` names ``agent`` (or every POLL_SECONDS), until ``wait`` runs out."""
+    found = look()
+    if found or not wait:
+        return found
     if connection.in_atomic_block:
         # A send commits, and so wakes anyone, only outside this transaction's view.
         raise InvalidMessage("wait", "cannot wait inside a transaction")
     deadline = time.monotonic() + wait
-    with _listener() as listen:  # listening before each look: no wake-up falls between
+    with listening(channel) as listen:  # listening before each look: no wake-up is lost
         while True:
-            messages = _receive(agent, limit, visibility_timeout)
+            found = look()
             remaining = deadline - time.monotonic()
-            if messages or remaining <= 0:
-                return messages
+            if found or remaining <= 0:
+                return found
             for note in listen.notifies(timeout=min(remaining, POLL_SECONDS)):
                 if note.payload == agent:
                     break
@@ -174,17 +181,18 @@ def _message(row: tuple) -> Message:
 
 
 @contextmanager
-def _listener() -> Iterator[psycopg.Connection]:
-    """A connection of its own that LISTENs for messages sent to any agent."""
+def listening(channel: str = queries.MESSAGES_CHANNEL) -> Iterator[psycopg.Connection]:
+    """A connection of its own that LISTENs on ``channel`` (whose payloads name agents)."""
     params = connection.get_connection_params()
     params.pop("cursor_factory", None)
     params.pop("context", None)
     with psycopg.connect(**params, autocommit=True) as listen:
-        listen.execute(f"LISTEN {queries.MESSAGES_CHANNEL}")
+        listen.execute(f"LISTEN {channel}")
         yield listen
 
 
-def _text(field: str, value: str | None, *, required: bool = False) -> None:
+def check_text(field: str, value: str | None, *, required: bool = False) -> None:
+    """Refuse (InvalidMessage naming ``field``) what is not a storable name-like text."""
     if value is None and not required:
         return
     if not isinstance(value, str) or not value.strip():
@@ -195,8 +203,27 @@ def _text(field: str, value: str | None, *, required: bool = False) -> None:
         raise InvalidMessage(field, problem)
 
 
-def _json(field: str, value: Any) -> str:
+def check_lifetime(field: str, seconds: float) -> None:
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 0 < seconds <= MAX_EXPIRY_SECONDS
+    ):
+        raise InvalidMessage(field, f"must be seconds in (0, {MAX_EXPIRY_SECONDS:.0f}]")
+
+
+def check_metadata(metadata: Any) -> None:
+    if metadata is not None and not isinstance(metadata, dict):
+        raise InvalidMessage("metadata", "must be an object")
+
+
+def as_json(field: str, value: Any) -> str:
+    """``value`` as JSON text jsonb accepts and within QUEUE_MAX_PAYLOAD_BYTES, or
+    InvalidMessage naming ``field``."""
     try:
-        return storable_json(value)
+        text = storable_json(value)
     except ValueError as error:
         raise InvalidMessage(field, str(error)) from None
+    if len(text.encode()) > settings.QUEUE_MAX_PAYLOAD_BYTES:
+        raise InvalidMessage(field, f"is larger than {settings.QUEUE_MAX_PAYLOAD_BYTES} bytes")
+    return text

@@ -11,6 +11,7 @@ task that is gone, so readers treat ``task_id`` as a reference, not a join.
 
 import uuid
 
+from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.functions import RandomUUID
 from django.db import models
 from django.db.models.functions import Now
@@ -212,3 +213,101 @@ class AgentMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.message_type} {self.from_agent} → {self.to_agent} ({self.status})"
+
+
+class Publication(models.Model):
+    """An event an agent published (seed 002, pattern 2); fanned out at publish time
+    to a delivery per matching subscription (``agents_app.pubsub``)."""
+
+    id = models.BigAutoField(primary_key=True)
+    publisher_agent = models.TextField()
+    publisher_type = models.TextField(null=True, blank=True)
+    publication_type = models.TextField(default="event")  # status_change, event, metric, …
+    event_name = models.TextField()  # category.action, e.g. state.changed
+    payload = models.JSONField(default=dict)
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "agent_publications"
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["expires_at"], name="agent_publications_expiry_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.event_name} by {self.publisher_agent} #{self.pk}"
+
+
+class Subscription(models.Model):
+    """What one agent wants to hear: publisher (id, type), an event-name glob and
+    publication types; a None or empty filter matches anything."""
+
+    id = models.BigAutoField(primary_key=True)
+    subscriber_agent = models.TextField()
+    name = models.TextField()
+    publisher_agent = models.TextField(null=True, blank=True)
+    publisher_type = models.TextField(null=True, blank=True)
+    event_pattern = models.TextField(default="*")  # a glob: state.*, task.completed, *
+    event_like = models.TextField()  # the glob as a LIKE pattern (escape: backslash)
+    publication_types = ArrayField(models.TextField(), default=list, blank=True)
+    active = models.BooleanField(default=True, db_default=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "agent_subscriptions"
+        ordering = ["subscriber_agent", "name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["subscriber_agent", "name"], name="agent_subscriptions_name_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.subscriber_agent}/{self.name} ({self.event_pattern})"
+
+
+class PublicationDelivery(models.Model):
+    """One publication for one subscription: leased, acknowledged with a processing
+    result, or expired with its publication."""
+
+    id = models.BigAutoField(primary_key=True)
+    subscription = models.ForeignKey(
+        Subscription, on_delete=models.CASCADE, related_name="deliveries", db_constraint=False
+    )
+    publication = models.ForeignKey(
+        Publication, on_delete=models.CASCADE, related_name="deliveries", db_constraint=False
+    )
+    expires_at = models.DateTimeField()  # the publication's, so reads need no join
+    status = models.TextField(
+        choices=MessageStatus.choices, default=MessageStatus.PENDING, db_default="pending"
+    )
+    visible_at = models.DateTimeField(db_default=Now())
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    delivery_count = models.IntegerField(default=0, db_default=0)
+    receipt = models.UUIDField(null=True, blank=True)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)  # what the subscriber made of it
+
+    class Meta:
+        db_table = "agent_publication_deliveries"
+        constraints = [
+            # Also a subscriber's deliveries in publication order.
+            models.UniqueConstraint(
+                fields=["subscription", "publication"], name="agent_deliveries_unique"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(status__in=MessageStatus.values),
+                name="agent_deliveries_status_valid",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["publication"], name="agent_deliveries_pub_idx"),
+            models.Index(
+                fields=["expires_at"],
+                condition=models.Q(status__in=["pending", "delivered"]),
+                name="agent_deliveries_open_exp_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"publication {self.publication_id} → subscription {self.subscription_id}"

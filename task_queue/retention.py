@@ -8,7 +8,7 @@
 - per-minute heartbeat counts and minute rollups once the wider rollups hold them;
 - agent messages: unacknowledged ones past their expiry (and no longer leased) are
   marked expired, and acknowledged or expired ones go ``QUEUE_RETENTION_DAYS`` after
-  they expired.
+  they expired; so do publications, with their deliveries.
 
 Dead and failed tasks stay until an operator revives or cancels them. Each batch is
 its own short transaction that skips rows someone else has locked, so a pass never
@@ -42,7 +42,7 @@ class Pruned:
     tasks: int = 0
     workflows: int = 0
     agent_events: int = 0
-    messages: int = 0
+    messages: int = 0  # and publications
 
     def __bool__(self) -> bool:
         return bool(self.tasks or self.workflows or self.agent_events or self.messages)
@@ -66,6 +66,8 @@ def prune(*, now: datetime | None = None) -> Pruned | None:
             events = queries.prune_agent_events(cutoff=event_cutoff, batch=BATCH)
             expired = queries.expire_messages(batch=BATCH)
             messages = queries.prune_messages(cutoff=task_cutoff, batch=BATCH)
+            expired += queries.expire_deliveries(batch=BATCH)
+            messages += queries.prune_publications(cutoff=task_cutoff, batch=BATCH)
         pruned.tasks += tasks + workflow_tasks
         pruned.workflows += workflows
         pruned.agent_events += events
@@ -84,7 +86,8 @@ def prune(*, now: datetime | None = None) -> Pruned | None:
             RetentionRun.objects.filter(ran_at__lt=clock - timedelta(days=30)).delete()
     if pruned:
         logger.info(
-            "retention: pruned %d task(s), %d workflow(s), %d agent event(s), %d message(s)",
+            "retention: pruned %d task(s), %d workflow(s), %d agent event(s), "
+            "%d message(s) and publication(s)",
             pruned.tasks, pruned.workflows, pruned.agent_events, pruned.messages,
         )  # fmt: skip
     return pruned

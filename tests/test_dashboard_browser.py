@@ -311,3 +311,21 @@ def test_a_daily_report_page(users, live_servers, browser):
     page.click("[data-example-task] >> nth=0")
     page.wait_for_selector("#similar-tasks")
     shot(page, "report-example-task")
+
+
+def test_the_messages_page(users, live_servers, browser):
+    from agents_app.messaging import send
+    from agents_app.pubsub import publish, subscribe
+
+    def traffic() -> None:
+        for n in range(4):
+            send("PricingAgent", "FitmentAgent", "task_request", {"n": n}, priority=n + 1)
+        subscribe("Monitor", "states", "state.*")
+        publish("FitmentAgent", "state.changed", {"to": "paused"})
+
+    db(traffic)
+    server = live_servers()
+    page = log_in(browser, server, "viewer", "/messages/")
+    assert page.inner_text('[data-mailbox="FitmentAgent"] [data-waiting]') == "4"
+    assert page.inner_text('[data-subscription="Monitor/states"] [data-backlog]') == "1"
+    shot(page, "messages")

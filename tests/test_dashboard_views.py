@@ -20,7 +20,8 @@ from tests.support.users import staff as new_staff
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["/", "/dead-letter/", "/workers/", "/workflows/", "/audit/"]
+PAGES = ["/", "/dead-letter/", "/workers/", "/workflows/", "/audit/", "/messages/",
+         "/reports/daily/"]  # fmt: skip
 
 
 def staff(*perms: str, username: str = "ops") -> Client:
@@ -268,7 +269,8 @@ def test_admin_lists_and_actions():
                   "pausedagent"]:  # fmt: skip
         assert client.get(reverse(f"admin:queue_{model}_changelist")).status_code == 200, model
     others = ["workflows_workflow", "agents_app_agentevent", "agents_app_embeddingjob",
-              "api_apitoken"]  # fmt: skip
+              "agents_app_agentmessage", "agents_app_subscription", "agents_app_publication",
+              "agents_app_dailyreport", "api_apitoken"]  # fmt: skip
     for path in [f"admin:{name}_changelist" for name in others]:
         assert client.get(reverse(path)).status_code == 200, path
     assert client.get(reverse("admin:queue_task_change", args=[task_id])).status_code == 200

@@ -3,9 +3,6 @@ expiry, request/response, readers in several processes, and the HTTP API."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import threading
 from datetime import timedelta
 
@@ -18,8 +15,8 @@ from agents_app import messaging
 from agents_app.messaging import InvalidMessage, ack, receive, reply, send
 from agents_app.models import AgentMessage
 from task_queue import queries, retention
-from tests.conftest import REPO, manage_env, wait_for
 from tests.support.api import token
+from tests.support.readers import outputs, start_waiting_readers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -144,37 +141,17 @@ print(json.dumps(seen))
 def test_readers_in_several_processes_take_each_message_once():
     from django.db import transaction
 
-    readers = [
-        subprocess.Popen(
-            [sys.executable, "-c", READER],
-            cwd=REPO,
-            env=manage_env(),
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(3)
-    ]
-    wait_for(lambda: _listeners() == 3, timeout=60, what="three waiting readers")
+    readers = start_waiting_readers(READER, 3, queries.MESSAGES_CHANNEL)
     with transaction.atomic():  # one commit: every reader wakes at once
         sent = {str(send("PricingAgent", "FitmentAgent", "task_request", {"n": n}))
                 for n in range(300)}  # fmt: skip
-    seen = [json.loads(r.communicate(timeout=120)[0]) for r in readers]
-    assert all(r.returncode == 0 for r in readers)
+    seen = outputs(readers)
     assert all(batch for batch in seen), [len(batch) for batch in seen]  # all took part
     everything = [m for batch in seen for m in batch]
     assert len(everything) == len(set(everything)) == 300 and set(everything) == sent
     assert set(AgentMessage.objects.values_list("status", "delivery_count")) == {
         ("acknowledged", 1)
     }
-
-
-def _listeners() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE query = %s",
-            [f"LISTEN {queries.MESSAGES_CHANNEL}"],
-        )
-        return cursor.fetchone()[0]
 
 
 def test_the_http_api_sends_receives_and_acknowledges():

@@ -12,7 +12,7 @@ from ninja.parser import Parser
 
 from . import errors
 from .auth import token_or_staff
-from .routers import memory, messages, system, tasks, workflows
+from .routers import memory, messages, publications, system, tasks, workflows
 
 
 class StrictJsonParser(Parser):
@@ -56,5 +56,12 @@ api = AutoMechanicaApi(
     docs_decorator=token_or_staff,
 )
 errors.install(api)
-for router in (tasks.router, workflows.router, system.router, memory.router, messages.router):
+for router in (
+    tasks.router,
+    workflows.router,
+    system.router,
+    memory.router,
+    messages.router,
+    publications.router,
+):
     api.add_router("/v1", router)

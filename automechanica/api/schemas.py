@@ -267,7 +267,17 @@ class WorkflowCancelOut(Schema):
 
 MessageTypeName = Literal["task_request", "data_share", "command", "response", "notification"]
 MessageStatusName = Literal["pending", "delivered", "acknowledged", "expired"]
-AgentName = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_storable)]
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be blank")
+    return value
+
+
+AgentName = Annotated[
+    str, Field(min_length=1, max_length=200), AfterValidator(_storable), AfterValidator(_not_blank)
+]
 
 
 class MessageSend(StrictSchema):
@@ -334,6 +344,79 @@ class MessageAck(StrictSchema):
 
 class MessageAckOut(Schema):
     acknowledged: bool
+
+
+# ------------------------------------------------------------------ publish/subscribe
+
+
+class PublicationIn(StrictSchema):
+    publisher_agent: AgentName
+    publisher_type: AgentName | None = None
+    event_name: AgentName = Field(description="category.action, e.g. state.changed")
+    publication_type: AgentName = "event"
+    payload: Any = Field(default_factory=dict)
+    ttl_seconds: Annotated[float, Field(gt=0, le=30 * 86400, allow_inf_nan=False)] = 3600.0
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class PublishedOut(Schema):
+    id: int
+    deliveries: int = Field(description="Subscriptions it matched.")
+
+
+class SubscriptionIn(StrictSchema):
+    subscriber_agent: AgentName
+    name: AgentName
+    event_pattern: AgentName = Field("*", description="A glob: state.*, task.completed, *")
+    publisher_agent: AgentName | None = None
+    publisher_type: AgentName | None = None
+    publication_types: list[AgentName] = Field(default_factory=list, max_length=50)
+
+
+class SubscriptionRef(StrictSchema):
+    subscriber_agent: AgentName
+    name: AgentName
+
+
+class SubscriptionOut(Schema):
+    id: int
+    subscriber_agent: str
+    name: str
+    event_pattern: str
+    publisher_agent: str | None
+    publisher_type: str | None
+    publication_types: list[str]
+    active: bool
+    backlog: int = Field(description="Deliveries not yet acknowledged.")
+    oldest: datetime | None = Field(description="When the oldest of them was published.")
+
+
+class PublicationReceive(StrictSchema):
+    subscriber_agent: AgentName
+    subscription: AgentName | None = None
+    limit: Annotated[Int, Field(ge=1, le=100)] = 10
+    visibility_timeout_seconds: Annotated[float, Field(ge=0, le=43200, allow_inf_nan=False)] = 30.0
+
+
+class DeliveryOut(Schema):
+    id: int
+    receipt: UUID
+    delivery_count: int
+    subscription: str
+    publication_id: int
+    publisher_agent: str
+    publisher_type: str | None
+    publication_type: str
+    event_name: str
+    payload: Any
+    metadata: dict[str, Any]
+    published_at: datetime
+    expires_at: datetime
+
+
+class DeliveryAck(StrictSchema):
+    receipt: UUID
+    result: Any = None
 
 
 # ------------------------------------------------------------------ agent memory

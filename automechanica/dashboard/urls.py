@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import reports, views
+from . import mailboxes, reports, views
 
 app_name = "dashboard"
 
@@ -33,6 +33,7 @@ urlpatterns = [
     path("workflows/", views.workflows, name="workflows"),
     path("workflows/<uuid:workflow_id>/", views.workflow_detail, name="workflow"),
     path("audit/", views.audit, name="audit"),
+    path("messages/", mailboxes.mailboxes, name="mailboxes"),
     path("reports/daily/", reports.daily_reports, name="daily_reports"),
     path("reports/daily/run/", reports.run_daily_report, name="run_daily_report"),
     path("reports/daily/<str:day>/", reports.daily_report, name="daily_report"),

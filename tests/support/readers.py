@@ -1,0 +1,44 @@
+"""Reader processes that wait on a notification channel, for the messaging tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+from django.db import connection
+
+from tests.conftest import REPO, manage_env, wait_for
+
+
+def start_waiting_readers(script: str, count: int, channel: str) -> list[subprocess.Popen]:
+    """``count`` processes running ``script``, returned once each LISTENs on
+    ``channel`` (so one commit wakes them all at once)."""
+    readers = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            cwd=REPO,
+            env=manage_env(),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(count)
+    ]
+    wait_for(lambda: _listening(channel) == count, timeout=60, what=f"{count} waiting readers")
+    return readers
+
+
+def outputs(readers: list[subprocess.Popen]) -> list[Any]:
+    """What each reader printed, as JSON; every one must have exited cleanly."""
+    seen = [json.loads(reader.communicate(timeout=120)[0]) for reader in readers]
+    assert all(reader.returncode == 0 for reader in readers)
+    return seen
+
+
+def _listening(channel: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = %s", [f"LISTEN {channel}"]
+        )
+        return cursor.fetchone()[0]
