@@ -114,8 +114,11 @@ class QueueCollector:
 def cumulative_totals() -> dict[str, dict[str, Any]]:
     """Per agent, the counters and histograms since the rollups began: the stored
     rollups, then everything after them, computed now."""
-    metrics.ensure_started(queries.database_clock())
-    rolled_until, rows = queries.rolled_up_totals()
+    totals = queries.rolled_up_totals()
+    if totals is None:  # the first look ever: fix the start, so counters never drop
+        metrics.ensure_started(queries.database_clock())
+        totals = queries.rolled_up_totals()
+    rolled_until, rows = totals
     rows += queries.metrics_since(rolled_until, HISTOGRAM_BOUNDS)
     slots = len(HISTOGRAM_BOUNDS) + 1
     totals: dict[str, dict[str, Any]] = defaultdict(

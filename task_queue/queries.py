@@ -1107,24 +1107,6 @@ WITH progress AS (
 )
 SELECT days, greatest(days, hours), greatest(days, hours, minutes) FROM progress
 """
-ROLLED_UP_ROWS = """
-SELECT agent_name, tasks_created, tasks_completed, tasks_failed, tasks_dead, tasks_retried,
-       tasks_cancelled, queue_wait_histogram, queue_wait_sum, run_time_histogram,
-       run_time_sum
-FROM task_queue_metrics WHERE bucket_seconds = 86400 AND bucket_start < %(days)s
-UNION ALL
-SELECT agent_name, tasks_created, tasks_completed, tasks_failed, tasks_dead, tasks_retried,
-       tasks_cancelled, queue_wait_histogram, queue_wait_sum, run_time_histogram,
-       run_time_sum
-FROM task_queue_metrics
-WHERE bucket_seconds = 3600 AND bucket_start >= %(days)s AND bucket_start < %(hours)s
-UNION ALL
-SELECT agent_name, tasks_created, tasks_completed, tasks_failed, tasks_dead, tasks_retried,
-       tasks_cancelled, queue_wait_histogram, queue_wait_sum, run_time_histogram,
-       run_time_sum
-FROM task_queue_metrics
-WHERE bucket_seconds = 60 AND bucket_start >= %(hours)s AND bucket_start < %(minutes)s
-"""
 TOTAL_COLUMNS = (
     "agent_name", "tasks_created", "tasks_completed", "tasks_failed", "tasks_dead",
     "tasks_retried", "tasks_cancelled", "queue_wait_histogram", "queue_wait_sum",
@@ -1132,11 +1114,26 @@ TOTAL_COLUMNS = (
 )  # fmt: skip
 
 
-def rolled_up_totals() -> tuple[datetime, list[dict[str, Any]]]:
+_TOTALS = ", ".join(TOTAL_COLUMNS)
+ROLLED_UP_ROWS = f"""
+SELECT {_TOTALS} FROM task_queue_metrics
+WHERE bucket_seconds = 86400 AND bucket_start < %(days)s
+UNION ALL
+SELECT {_TOTALS} FROM task_queue_metrics
+WHERE bucket_seconds = 3600 AND bucket_start >= %(days)s AND bucket_start < %(hours)s
+UNION ALL
+SELECT {_TOTALS} FROM task_queue_metrics
+WHERE bucket_seconds = 60 AND bucket_start >= %(hours)s AND bucket_start < %(minutes)s
+"""
+
+
+def rolled_up_totals() -> tuple[datetime, list[dict[str, Any]]] | None:
     """Where the rollups end and the rollup rows that cover everything before it
-    once (TOTAL_COLUMNS each). Every width must have a progress row (the rollups'
-    common start, ``metrics.ensure_started``)."""
+    once (TOTAL_COLUMNS each); None before the rollups have a start
+    (``metrics.ensure_started``)."""
     days, hours, minutes = _rows(ROLLUP_EDGES, {})[0]
+    if days is None or hours is None or minutes is None:
+        return None
     rows = _rows(ROLLED_UP_ROWS, {"days": days, "hours": hours, "minutes": minutes})
     return minutes, [dict(zip(TOTAL_COLUMNS, row, strict=True)) for row in rows]
 
@@ -1434,18 +1431,25 @@ WHERE id = %(id)s AND receipt = %(receipt)s AND status = 'delivered'
 RETURNING id
 """
 
+
 # Retention, in batches that skip rows someone holds. A message still leased to a
 # reader is left to it until the lease ends, so its acknowledgement is not refused.
-EXPIRE_MESSAGES = """
+def _expire_leased(table: str) -> str:
+    """Mark up to %(batch)s open, unleased rows of ``table`` (messages or publication
+    deliveries: the same lease columns) whose expiry passed as expired."""
+    return f"""
 WITH due AS (
-    SELECT id FROM agent_messages
+    SELECT id FROM {table}
     WHERE status IN ('pending', 'delivered') AND expires_at <= now() AND visible_at <= now()
     ORDER BY expires_at
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 )
-UPDATE agent_messages m SET status = 'expired', receipt = NULL FROM due WHERE m.id = due.id
+UPDATE {table} t SET status = 'expired', receipt = NULL FROM due WHERE t.id = due.id
 """
+
+
+EXPIRE_MESSAGES = _expire_leased("agent_messages")
 
 PRUNE_MESSAGES = """
 WITH doomed AS (
@@ -1614,17 +1618,7 @@ RETURNING id
 
 # Retention: deliveries whose publication's time to live ran out leave the backlog,
 # and publications go with their deliveries QUEUE_RETENTION_DAYS later.
-EXPIRE_DELIVERIES = """
-WITH due AS (
-    SELECT id FROM agent_publication_deliveries
-    WHERE status IN ('pending', 'delivered') AND expires_at <= now() AND visible_at <= now()
-    ORDER BY expires_at
-    LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE agent_publication_deliveries d SET status = 'expired', receipt = NULL
-FROM due WHERE d.id = due.id
-"""
+EXPIRE_DELIVERIES = _expire_leased("agent_publication_deliveries")
 
 PRUNE_PUBLICATIONS = """
 WITH doomed AS (

@@ -73,6 +73,17 @@ class ApiError(Exception):
         return cls(404, "not_found", f"no such {what}")
 
     @classmethod
+    def stale_receipt(cls, what: str) -> ApiError:
+        """An ack whose receipt is not the current delivery's (the lease ran out and
+        the item went to another reader, or it is done)."""
+        return cls(
+            409,
+            "stale_receipt",
+            f"the receipt is not this {what}'s current delivery",
+            field_errors=[("receipt", "is not the current delivery's")],
+        )
+
+    @classmethod
     def wrong_status(cls, what: str, status: str, action: str) -> ApiError:
         return cls(
             409,

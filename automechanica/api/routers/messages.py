@@ -70,12 +70,7 @@ def ack_message(request: HttpRequest, message_id: UUID, body: MessageAck):
     if message is None:
         raise ApiError.not_found("message")
     if not messaging.acknowledge(message_id, body.receipt):
-        raise ApiError(
-            409,
-            "stale_receipt",
-            "the receipt is not this message's current delivery",
-            field_errors=[("receipt", "is not the current delivery's")],
-        )
+        raise ApiError.stale_receipt("message")
     return {"acknowledged": True}
 
 

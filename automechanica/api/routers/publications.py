@@ -111,10 +111,5 @@ def ack(request: HttpRequest, delivery_id: int, body: DeliveryAck):
     if not PublicationDelivery.objects.filter(id=delivery_id).exists():
         raise ApiError.not_found("delivery")
     if not pubsub.acknowledge(delivery_id, body.receipt, body.result):
-        raise ApiError(
-            409,
-            "stale_receipt",
-            "the receipt is not this delivery's current one",
-            field_errors=[("receipt", "is not the current delivery's")],
-        )
+        raise ApiError.stale_receipt("delivery")
     return {"acknowledged": True}
