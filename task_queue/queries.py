@@ -1672,6 +1672,98 @@ def prune_publications(*, cutoff: datetime, batch: int) -> int:
     return _rows_nofetch(PRUNE_PUBLICATIONS, {"cutoff": cutoff, "batch": batch})
 
 
+# ---------------------------------------------------------------- event stream
+
+# One sequencer at a time: positions are handed out in commit order of the
+# sequencers, so a reader never sees position n+1 before n exists.
+EVENT_SEQUENCER_LOCK = 0x65767473  # "evts"
+
+# Committed events without a position get the next ones, in seq order. The run
+# must hold EVENT_SEQUENCER_LOCK and take its snapshot after it (a statement of its
+# own before this one). Positions continue from the highest: retention always keeps
+# the newest positioned event, so they never start again.
+SEQUENCE_EVENTS = """
+WITH head AS (
+    SELECT COALESCE(max(position), 0) AS position FROM event_outbox
+),
+unpositioned AS (
+    SELECT seq, row_number() OVER (ORDER BY seq) AS n
+    FROM (
+        SELECT seq FROM event_outbox WHERE position IS NULL ORDER BY seq LIMIT %(limit)s
+    ) AS oldest
+)
+UPDATE event_outbox e
+SET position = head.position + unpositioned.n
+FROM head, unpositioned
+WHERE e.seq = unpositioned.seq
+"""
+
+
+def sequence_events(*, limit: int) -> int:
+    """Give up to ``limit`` committed events their stream position; how many got one."""
+    advisory_xact_lock(EVENT_SEQUENCER_LOCK)
+    return _rows_nofetch(SEQUENCE_EVENTS, {"limit": limit})
+
+
+READ_EVENTS = """
+SELECT position, schema_version, message_id, kind, trace_id, causation_id, subject_id,
+       emitted_at, payload
+FROM event_outbox
+WHERE position > %(after)s
+  AND (%(since_time)s::timestamptz IS NULL OR emitted_at >= %(since_time)s::timestamptz)
+ORDER BY position
+LIMIT %(limit)s
+"""
+
+
+def read_events(*, after: int, limit: int, since_time: datetime | None = None) -> list[tuple]:
+    """Positioned events after ``after``, in order (and emitted at or after
+    ``since_time``); rows as READ_EVENTS selects them, the payload as JSON text."""
+    return _rows(READ_EVENTS, {"after": after, "limit": limit, "since_time": since_time})
+
+
+TRY_RELAY_LOCK = "SELECT pg_try_advisory_lock(hashtextextended(%(name)s, 0))"
+RELAY_UNLOCK = "SELECT pg_advisory_unlock(hashtextextended(%(name)s, 0))"
+
+
+def try_relay_lock(destination: str) -> bool:
+    """One relay per destination: a lock held by this database session until
+    :func:`relay_unlock` or the session ends (a killed relay's ends with it)."""
+    return _rows(TRY_RELAY_LOCK, {"name": f"relay:{destination}"})[0][0]
+
+
+def relay_unlock(destination: str) -> None:
+    _rows(RELAY_UNLOCK, {"name": f"relay:{destination}"})
+
+
+RELAY_CURSOR = """
+INSERT INTO event_relay_cursors (destination, position, relayed, updated_at)
+VALUES (%(destination)s, 0, 0, now())
+ON CONFLICT (destination) DO UPDATE SET destination = EXCLUDED.destination
+RETURNING position
+"""
+
+
+def relay_cursor(destination: str) -> int:
+    """Where relaying to ``destination`` stopped (created at 0 the first time)."""
+    return _rows(RELAY_CURSOR, {"destination": destination})[0][0]
+
+
+ADVANCE_RELAY_CURSOR = """
+UPDATE event_relay_cursors
+SET position = %(position)s, relayed = relayed + %(relayed)s, updated_at = now()
+WHERE destination = %(destination)s AND position < %(position)s
+"""
+
+
+def advance_relay_cursor(*, destination: str, position: int, relayed: int) -> None:
+    """Record that the broker confirmed every event up to ``position``."""
+    _rows_nofetch(
+        ADVANCE_RELAY_CURSOR,
+        {"destination": destination, "position": position, "relayed": relayed},
+    )
+
+
 # ---------------------------------------------------------------- benchmark
 
 # Synthetic history for measuring the dashboard at scale: `count` tasks of `agents`,

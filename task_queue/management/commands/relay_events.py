@@ -1,0 +1,105 @@
+"""``manage.py relay_events --to nats://HOST:PORT | amqp://USER:PASS@HOST/``."""
+
+import asyncio
+import logging
+import re
+import signal
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from task_queue.relay.loop import BrokerUnavailable, Relay, RelayBusy
+from task_queue.relay.names import Names, destination_key
+
+logger = logging.getLogger("task_queue.relay")
+
+# scheme → (bridge module and class, the extra that installs its client)
+BRIDGES = {
+    "nats": ("task_queue.relay.jetstream", "JetStreamBridge", "nats"),
+    "amqp": ("task_queue.relay.rabbitmq", "RabbitMQBridge", "amqp"),
+}
+
+
+class Command(BaseCommand):
+    help = (
+        "Publish the event stream to NATS JetStream or RabbitMQ in order, with publisher "
+        "confirms, resuming where the last run stopped. --consume-commands also turns "
+        "cmd.task.execute.v1 commands from the broker into tasks."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--to", required=True, metavar="URL", help="nats://HOST:PORT or amqp://USER:PASS@HOST/"
+        )
+        parser.add_argument("--once", action="store_true", help="relay what is pending, then exit")
+        parser.add_argument(
+            "--consume-commands",
+            action="store_true",
+            help="also turn cmd.task.execute.v1 commands into tasks (idempotent by message_id)",
+        )
+        parser.add_argument("--batch", type=int, default=500, help="events per confirmed batch")
+        parser.add_argument(
+            "--poll", type=float, default=0.2, help="seconds between looks when idle"
+        )
+        parser.add_argument(
+            "--confirm-timeout",
+            type=float,
+            default=10.0,
+            help="seconds the broker has to confirm a batch before the relay reconnects",
+        )
+        parser.add_argument(
+            "--namespace",
+            default="",
+            help="prefix for streams, subjects and exchanges, to share a broker (tests)",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        url = options["to"]
+        scheme = urlsplit(url).scheme
+        if scheme not in BRIDGES:
+            raise CommandError(f"--to: expected nats://… or amqp://…, got {url!r}")
+        if options["batch"] < 1 or options["poll"] <= 0 or options["confirm_timeout"] <= 0:
+            raise CommandError("--batch, --poll and --confirm-timeout must be more than 0")
+        namespace = options["namespace"]
+        if namespace and not re.fullmatch(r"[A-Za-z0-9_-]+", namespace):
+            raise CommandError("--namespace: letters, digits, _ and - only")
+        module, name, extra = BRIDGES[scheme]
+        try:
+            bridge_class = getattr(__import__(module, fromlist=[name]), name)
+        except ImportError as error:
+            raise CommandError(
+                f"--to {scheme}://… needs the {extra} extra ({error.name} is missing): "
+                f"uv sync --extra {extra}"
+            ) from None
+        destination = destination_key(url, namespace)
+        relay = Relay(
+            bridge_class(url, Names(namespace), confirm_timeout=options["confirm_timeout"]),
+            destination,
+            batch=options["batch"],
+            poll_seconds=options["poll"],
+            once=options["once"],
+            consume_commands=options["consume_commands"],
+        )
+        try:
+            stats = asyncio.run(self._run(relay))
+        except (RelayBusy, BrokerUnavailable) as error:
+            raise CommandError(str(error)) from None
+        logger.info(
+            "relayed %d events to %s (%.0f/s), at position %d; %d commands, %d refused, "
+            "%d broker outages",
+            stats.relayed,
+            destination,
+            stats.rate(),
+            stats.position,
+            stats.commands,
+            stats.refused,
+            stats.outages,
+        )
+
+    async def _run(self, relay: Relay) -> Any:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        return await relay.run(stop)

@@ -1,0 +1,85 @@
+"""A ``cmd.task.execute.v1`` command from the broker into a task (seed 000 §3).
+
+The command's envelope::
+
+    {"schema_version": "v1", "message_id": "…", "trace_id": "…", "causation_id": null,
+     "kind": "cmd.task.execute.v1", "emitted_at": "…",
+     "payload": {"target_agent_type": "FitmentAgent", "task_type": "generate_fitment",
+                 "payload": {…}, "priority": 1, "max_attempts": 3,
+                 "delay_seconds": 0, "workflow_id": null}}
+
+The task's idempotency key is ``cmd:<message_id>``: a redelivered command finds its
+task instead of making a second one, and the task's ``evt.task.created.v1`` names
+the command as its cause. Spec 001 §10 holds: only the orchestrator's side sends
+these; agents publish facts.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from task_queue.operations import (
+    MAX_KEY_LENGTH,
+    Enqueued,
+    IdempotencyConflict,
+    InvalidTask,
+    TaskSpec,
+    enqueue_many,
+)
+from task_queue.relay.names import COMMAND_KIND
+
+# The task fields a command may set, beyond the agent and task type.
+_OPTIONS = ("priority", "max_attempts", "delay_seconds")
+
+
+class InvalidCommand(ValueError):
+    """A command that cannot become a task; the message names the field."""
+
+
+def execute_command(body: bytes) -> Enqueued:
+    """Create the command's task, or find the one an earlier delivery created."""
+    try:
+        envelope = json.loads(body)
+    except ValueError as error:
+        raise InvalidCommand(f"body: not JSON ({error})") from None
+    if not isinstance(envelope, dict):
+        raise InvalidCommand("body: must be a JSON object (an envelope)")
+    if envelope.get("kind") not in (COMMAND_KIND, "cmd.task.execute"):
+        raise InvalidCommand(f"kind: expected {COMMAND_KIND}, got {envelope.get('kind')!r}")
+    message_id = envelope.get("message_id")
+    if not isinstance(message_id, str) or not 1 <= len(message_id) <= MAX_KEY_LENGTH - 4:
+        raise InvalidCommand("message_id: required, text of at most 196 characters")
+    command = envelope.get("payload")
+    if not isinstance(command, dict):
+        raise InvalidCommand("payload: must be an object")
+    for name in ("target_agent_type", "task_type"):
+        if not isinstance(command.get(name), str):
+            raise InvalidCommand(f"payload.{name}: required text")
+    spec = TaskSpec(
+        agent_name=command["target_agent_type"],
+        task_type=command["task_type"],
+        payload=command.get("payload", {}),
+        workflow_id=_workflow_id(command.get("workflow_id")),
+        idempotency_key=f"cmd:{message_id}",
+        trace_id=envelope.get("trace_id"),
+        **{name: command[name] for name in _OPTIONS if command.get(name) is not None},
+    )
+    try:
+        return enqueue_many([spec], prefix="payload", indexed=False)[0]
+    except InvalidTask as error:
+        raise InvalidCommand(str(error)) from None
+    except IdempotencyConflict:
+        raise InvalidCommand(
+            f"message_id: {message_id!r} was already executed with different content"
+        ) from None
+
+
+def _workflow_id(value: Any) -> uuid.UUID | None:
+    if value is None:
+        return None
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise InvalidCommand("payload.workflow_id: not a UUID") from None

@@ -1,0 +1,183 @@
+"""The relay loop: stream → broker with confirms, resuming from the cursor.
+
+The cursor (``event_relay_cursors``) moves only after the broker confirmed every
+event up to it, so a crash or an outage repeats at most the unconfirmed batch: a
+duplicate, never a gap. Consumers deduplicate by ``message_id`` (JetStream does it
+itself within its duplicate window). Events go out in position order, so a task's
+events arrive in the order they happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from asgiref.sync import sync_to_async
+
+from task_queue import event_stream, queries
+from task_queue.event_stream import Envelope
+from task_queue.relay.commands import InvalidCommand, execute_command
+
+logger = logging.getLogger(__name__)
+
+RECONNECT_FIRST_SECONDS = 0.5
+RECONNECT_MAX_SECONDS = 5.0
+PROGRESS_EVERY_SECONDS = 10.0
+
+
+class Bridge(Protocol):
+    errors: tuple[type[BaseException], ...]
+
+    async def connect(self) -> None: ...
+    async def publish(self, events: Sequence[Envelope]) -> None: ...
+    async def consume_commands(
+        self, handle: Callable[[bytes], Awaitable[str | None]], *, drain: bool
+    ) -> None: ...
+    async def close(self) -> None: ...
+
+
+class RelayBusy(RuntimeError):
+    """Another relay holds this destination."""
+
+
+class BrokerUnavailable(RuntimeError):
+    """With --once: the broker could not be reached or did not confirm."""
+
+
+@dataclass
+class RelayStats:
+    relayed: int = 0
+    commands: int = 0
+    refused: int = 0
+    outages: int = 0
+    position: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def rate(self) -> float:
+        return self.relayed / max(time.monotonic() - self.started, 1e-9)
+
+
+def _db(function: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    # One thread for every database call: the relay lock is held by its session.
+    return sync_to_async(function, thread_sensitive=True)
+
+
+class Relay:
+    def __init__(
+        self,
+        bridge: Bridge,
+        destination: str,
+        *,
+        batch: int,
+        poll_seconds: float,
+        once: bool,
+        consume_commands: bool,
+    ) -> None:
+        self.bridge = bridge
+        self.destination = destination
+        self.batch = batch
+        self.poll_seconds = poll_seconds
+        self.once = once
+        self.consume_commands = consume_commands
+        self.stats = RelayStats()
+
+    async def run(self, stop: asyncio.Event) -> RelayStats:
+        """Relay until ``stop`` is set (with ``once``: until nothing is pending)."""
+        if not await _db(queries.try_relay_lock)(self.destination):
+            raise RelayBusy(f"another relay_events is relaying to {self.destination}")
+        try:
+            await self._run_connected(stop)
+        finally:
+            with contextlib.suppress(Exception):
+                await self.bridge.close()
+            await _db(queries.relay_unlock)(self.destination)
+        return self.stats
+
+    async def _run_connected(self, stop: asyncio.Event) -> None:
+        wait = RECONNECT_FIRST_SECONDS
+        down_since: float | None = None
+        while not stop.is_set():
+            try:
+                await self.bridge.connect()
+                if down_since is not None:
+                    logger.warning(
+                        "broker back after %.1f s; resuming after position %d",
+                        time.monotonic() - down_since,
+                        self.stats.position,
+                    )
+                    down_since = None
+                wait = RECONNECT_FIRST_SECONDS
+                await self._relay(stop)
+                return
+            except self.bridge.errors as error:
+                if self.once:
+                    raise BrokerUnavailable(f"{self.destination}: {error!r}") from None
+                if down_since is None:
+                    down_since = time.monotonic()
+                    self.stats.outages += 1
+                logger.warning("broker unavailable (%r); retrying in %.1f s", error, wait)
+                with contextlib.suppress(Exception):
+                    await self.bridge.close()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), wait)
+                wait = min(wait * 2, RECONNECT_MAX_SECONDS)
+
+    async def _relay(self, stop: asyncio.Event) -> None:
+        commands = None
+        if self.consume_commands:
+            commands = asyncio.ensure_future(
+                self.bridge.consume_commands(self._execute, drain=self.once)
+            )
+        try:
+            position = await _db(queries.relay_cursor)(self.destination)
+            self.stats.position = position
+            reported = time.monotonic()
+            while not stop.is_set():
+                events = await _db(event_stream.next_batch)(position, limit=self.batch)
+                if events:
+                    await self.bridge.publish(events)
+                    position = events[-1].position
+                    await _db(queries.advance_relay_cursor)(
+                        destination=self.destination, position=position, relayed=len(events)
+                    )
+                    self.stats.relayed += len(events)
+                    self.stats.position = position
+                    if time.monotonic() - reported > PROGRESS_EVERY_SECONDS:
+                        reported = time.monotonic()
+                        logger.info(
+                            "relayed %d events (%.0f/s), at position %d",
+                            self.stats.relayed,
+                            self.stats.rate(),
+                            position,
+                        )
+                    if len(events) == self.batch:
+                        continue
+                if self.once:
+                    break
+                if commands is not None and commands.done():
+                    commands.result()  # its error: reconnect
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.poll_seconds)
+            if commands is not None and self.once:
+                await commands
+        finally:
+            if commands is not None and not commands.done():
+                commands.cancel()
+                with contextlib.suppress(asyncio.CancelledError, *self.bridge.errors):
+                    await commands
+
+    async def _execute(self, body: bytes) -> str | None:
+        try:
+            task = await _db(execute_command)(body)
+        except InvalidCommand as error:
+            self.stats.refused += 1
+            logger.warning("command refused: %s", error)
+            return str(error)
+        self.stats.commands += 1
+        logger.info("command: task %s %s", task.id, "created" if task.created else "exists")
+        return None
