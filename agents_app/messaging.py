@@ -28,7 +28,7 @@ import psycopg
 from django.conf import settings
 from django.db import connection
 
-from task_queue import queries
+from task_queue import blobs, queries
 from task_queue.storable import storable_json, text_problem
 
 from .models import MessageType
@@ -57,7 +57,6 @@ class Message:
     from_agent: str
     to_agent: str
     message_type: str
-    payload: Any
     priority: int
     correlation_id: str | None
     reply_to: str | None
@@ -66,6 +65,8 @@ class Message:
     expires_at: datetime
     delivery_count: int
     receipt: UUID  # this delivery's: ack with it
+    payload: Any  # read from its blob when it was too large for the row
+    payload_error: str | None = None  # why the payload could not be read (a lost blob)
 
 
 def send(
@@ -91,12 +92,14 @@ def send(
         raise InvalidMessage("priority", "must be an integer from 1 to 10")
     check_lifetime("expires_in", expires_in)
     check_metadata(metadata)
-    payload_json = as_json("payload", {} if payload is None else payload)
+    text = as_json("payload", {} if payload is None else payload)
+    payload_json, payload_ref = blobs.offload(text)
     return queries.send_message(
         from_agent=from_agent,
         to_agent=to_agent,
         message_type=message_type,
         payload=payload_json,
+        payload_ref=payload_ref,
         priority=priority,
         correlation_id=correlation_id,
         reply_to=reply_to,
@@ -176,8 +179,13 @@ def _receive(agent: str, limit: int, visibility_timeout: float) -> list[Message]
 
 def _message(row: tuple) -> Message:
     values = list(row)
-    values[4], values[8] = json.loads(values[4]), json.loads(values[8])  # jsonb as text
-    return Message(*values)
+    payload, payload_ref = json.loads(values.pop(4)), values.pop(4)  # jsonb comes as text
+    values[7] = json.loads(values[7])
+    try:
+        return Message(*values, payload=blobs.payload_of(payload, payload_ref))
+    except blobs.PayloadBlobMissing as error:
+        # The reader gets the message and the reason; acknowledging it ends it.
+        return Message(*values, payload=None, payload_error=str(error))
 
 
 @contextmanager

@@ -150,6 +150,8 @@ class AgentMessage(models.Model):
     to_agent = models.TextField()
     message_type = models.TextField(choices=MessageType.choices)
     payload = models.JSONField(default=dict)
+    # A payload too large for the row: its blob (task_queue.blobs); payload is then {}.
+    payload_ref = models.TextField(null=True, blank=True)
     priority = models.IntegerField(default=5, db_default=5)  # 1–10, higher first
     status = models.TextField(
         choices=MessageStatus.choices, default=MessageStatus.PENDING, db_default="pending"

@@ -139,8 +139,20 @@ AGENT_MEMORY_EMBEDDER = os.environ.get("AGENT_MEMORY_EMBEDDER", "hashing")
 METRICS_ALLOWED_NETWORKS = [
     n.strip() for n in os.environ.get("METRICS_ALLOWED_NETWORKS", "").split(",") if n.strip()
 ]
-# The largest task payload accepted, as JSON (the API answers 413 beyond it).
-QUEUE_MAX_PAYLOAD_BYTES = int(os.environ.get("QUEUE_MAX_PAYLOAD_BYTES", 1024 * 1024))
+# The largest task or message payload accepted, as JSON (the API answers 413 beyond it).
+QUEUE_MAX_PAYLOAD_BYTES = int(os.environ.get("QUEUE_MAX_PAYLOAD_BYTES", 16 * 1024 * 1024))
+# Payloads larger than this are stored content-addressed in the "payloads" storage
+# (task_queue.blobs); the row keeps the reference.
+PAYLOAD_BLOB_THRESHOLD_BYTES = int(os.environ.get("PAYLOAD_BLOB_THRESHOLD_BYTES", 64 * 1024))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    # Any Django storage works (an S3 one, say); this one writes each blob atomically.
+    "payloads": {
+        "BACKEND": "task_queue.blobs.AtomicFileSystemStorage",
+        "OPTIONS": {"location": os.environ.get("PAYLOAD_BLOB_DIR", str(VAR_DIR / "blobs"))},
+    },
+}
 
 # The largest request body the API reads (a batch of up to 1,000 tasks); 413 beyond it.
 DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("API_MAX_REQUEST_BYTES", 32 * 1024 * 1024))

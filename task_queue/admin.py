@@ -14,8 +14,8 @@ from uuid import UUID
 
 from django.contrib import admin, messages
 from django.core.paginator import Paginator
-from django.db.models import Q, QuerySet, TextField
-from django.db.models.functions import Cast
+from django.db.models import F, Max, Q, QuerySet, TextField
+from django.db.models.functions import Cast, Greatest
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.functional import cached_property
@@ -29,7 +29,9 @@ from .models import (
     PRIORITY_MIN,
     REVIVABLE_STATUSES,
     DeadLetterTask,
+    EventRelayCursor,
     OperatorAction,
+    OutboxEvent,
     PausedAgent,
     Task,
     TaskHistory,
@@ -226,3 +228,32 @@ class PausedAgentAdmin(ReadOnlyAdmin):
     """Paused agents are listed here; pausing and resuming is on the dashboard's overview."""
 
     list_display = ["agent_name", "paused_by", "paused_at"]
+
+
+@admin.register(OutboxEvent)
+class OutboxEventAdmin(ReadOnlyAdmin):
+    """The event stream, newest first; a subject id finds a task's or message's events."""
+
+    list_display = ["position", "kind", "subject_id", "trace_id", "emitted_at"]
+    search_fields = ["=subject_id", "=trace_id"]
+    ordering = ["-seq"]
+    show_full_result_count = False
+
+
+@admin.register(EventRelayCursor)
+class EventRelayCursorAdmin(ReadOnlyAdmin):
+    """Where each relay_events destination is; deleting the cursor of a destination no
+    longer used lets retention prune the events it held back."""
+
+    list_display = ["destination", "position", "behind", "relayed", "updated_at"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[EventRelayCursor]:
+        head = OutboxEvent.objects.aggregate(head=Max("position"))["head"] or 0
+        return super().get_queryset(request).annotate(behind=Greatest(head - F("position"), 0))
+
+    @admin.display(description="events behind", ordering="behind")
+    def behind(self, cursor: EventRelayCursor) -> int:
+        return cursor.behind
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return request.user.has_perm("queue.delete_eventrelaycursor")

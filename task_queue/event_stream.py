@@ -67,17 +67,21 @@ def next_batch(after: int, *, limit: int, since_time: datetime | None = None) ->
     or after ``since_time``, when given)."""
     sequence()
     rows = queries.read_events(after=after, limit=limit, since_time=since_time)
-    return [
-        Envelope(
-            position=position,
-            schema_version=version,
-            message_id=message_id,
-            kind=kind,
-            trace_id=trace_id,
-            causation_id=causation_id,
-            subject_id=subject_id,
-            emitted_at=emitted_at,
-            payload=json.loads(payload),
-        )
-        for position, version, message_id, kind, trace_id, causation_id, subject_id, emitted_at, payload in rows
-    ]
+    return [_envelope(*row) for row in rows]
+
+
+def _envelope(
+    position: int,
+    schema_version: str,
+    message_id: UUID,
+    kind: str,
+    trace_id: str | None,
+    causation_id: str | None,
+    subject_id: str,
+    emitted_at: datetime,
+    payload: str,
+) -> Envelope:
+    return Envelope(
+        position, schema_version, message_id, kind, trace_id, causation_id, subject_id,
+        emitted_at, json.loads(payload),
+    )  # fmt: skip

@@ -16,6 +16,8 @@ from typing import Any
 
 from agents_app.base import Agent, PermanentError, TaskCancelled, TaskContext
 
+from . import blobs
+from .blobs import PayloadBlobMissing
 from .queries import ClaimedTask
 from .storable import storable_json, without_nul
 
@@ -91,11 +93,16 @@ def run_handler(flight: InFlight) -> Outcome | None:
     """Run the agent on the task; None when the task was stopped for a reason that
     writes no outcome of its own (lease lost, shutdown, or a timeout already recorded)."""
     task, agent = flight.task, flight.agent
+    try:
+        payload = blobs.payload_of(task.payload, task.payload_ref)
+    except PayloadBlobMissing as error:
+        # The task fails with the reason; the worker goes on.
+        return failure(task, error, retryable=False, base_delay=agent.base_delay)
     context = TaskContext(
         id=task.id,
         agent_name=task.agent_name,
         task_type=task.task_type,
-        payload=task.payload,
+        payload=payload,
         attempt=task.attempts,
         max_attempts=task.max_attempts,
         workflow_id=task.workflow_id,

@@ -49,6 +49,8 @@ class Task(models.Model):
     agent_name = models.TextField()
     task_type = models.TextField()
     payload = models.JSONField(default=dict)
+    # A payload too large for the row: its blob (task_queue.blobs); payload is then {}.
+    payload_ref = models.TextField(null=True, blank=True)
     priority = models.IntegerField(default=Priority.MEDIUM, db_default=Priority.MEDIUM)
     status = models.TextField(
         choices=TaskStatus.choices, default=TaskStatus.PENDING, db_default=TaskStatus.PENDING
@@ -386,6 +388,7 @@ class RetentionRun(models.Model):
     tasks = models.IntegerField(default=0)
     workflows = models.IntegerField(default=0)
     agent_events = models.IntegerField(default=0)
+    stream_events = models.IntegerField(default=0, db_default=0)
 
     class Meta:
         db_table = "retention_runs"
@@ -410,7 +413,7 @@ class OutboxEvent(models.Model):
     """
 
     seq = models.BigAutoField(primary_key=True)
-    position = models.BigIntegerField(null=True, blank=True, unique=True)
+    position = models.BigIntegerField(null=True, blank=True)
     schema_version = models.TextField(db_default="v1")
     message_id = models.UUIDField(db_default=RandomUUID())
     kind = models.TextField()  # evt.task.completed.v1, evt.message.sent.v1, …
@@ -424,6 +427,14 @@ class OutboxEvent(models.Model):
     class Meta:
         db_table = "event_outbox"
         ordering = ["position"]
+        constraints = [
+            # Partial: a new event (no position yet) costs this index nothing.
+            models.UniqueConstraint(
+                fields=["position"],
+                condition=models.Q(position__isnull=False),
+                name="event_outbox_position_key",
+            )
+        ]
         indexes = [
             # The sequencer's work list: committed events without a position yet.
             models.Index(

@@ -23,7 +23,7 @@ from django.db import transaction
 
 from agents_app import registry
 
-from . import audit, queries
+from . import audit, blobs, queries
 from .models import (
     MAX_ATTEMPTS_LIMIT,
     PRIORITY_MAX,
@@ -129,6 +129,11 @@ def enqueue_many(
     ]
     if not rows:
         return []
+    # Only once every task is valid: a refused batch writes no blob.
+    for row in rows:
+        _, row["payload_ref"] = blobs.offload(row.pop("payload_json"))
+        if row["payload_ref"]:
+            row["payload"] = {}
     with transaction.atomic():
         _check_workflows(rows, prefix, indexed)
         results = queries.enqueue_tasks(rows)
@@ -195,7 +200,7 @@ def _validated(spec: TaskSpec, index: int | None, prefix: str) -> dict[str, Any]
             f"{spec.agent_name} handles {handled}, not {spec.task_type!r}",
             details={"task_types": list(agent.task_types)},
         )
-    payload_json(spec.payload, invalid)
+    payload_text = payload_json(spec.payload, invalid)
     _check_priority(spec.priority, invalid)
     max_attempts = agent.max_attempts if spec.max_attempts is None else spec.max_attempts
     if not _is_int(max_attempts) or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
@@ -239,6 +244,7 @@ def _validated(spec: TaskSpec, index: int | None, prefix: str) -> dict[str, Any]
         "trace_id": spec.trace_id,
     }
     row["idempotency_fingerprint"] = _fingerprint(row) if spec.idempotency_key else None
+    row["payload_json"] = payload_text  # for enqueue_many's blob decision; not stored
     return row
 
 
@@ -301,10 +307,12 @@ def revive(
     left alone.
     """
     ids = list(ids)
-    new_payload = payload_json(payload, InvalidTask) if payload is not None else None
+    new_payload, new_ref = _stored(payload)
     with transaction.atomic():
         before = _payloads(ids) if payload is not None else {}
-        revived = queries.revive_tasks(ids=ids, actor=actor, payload=new_payload, now=None)
+        revived = queries.revive_tasks(
+            ids=ids, actor=actor, payload=new_payload, payload_ref=new_ref, now=None
+        )
         queries.notify_agents([agent for _, agent in revived])
         revived_ids = [task_id for task_id, _ in revived]
         if revived_ids:
@@ -350,7 +358,26 @@ def cancel(
 def _payloads(ids: Sequence[UUID]) -> dict[UUID, dict[str, Any]]:
     """The current payloads of ``ids``, locked until the transaction ends."""
     tasks = Task.objects.filter(id__in=ids).select_for_update(no_key=True)
-    return dict(tasks.values_list("id", "payload"))
+    return {
+        task_id: _readable_payload(payload, ref)
+        for task_id, payload, ref in tasks.values_list("id", "payload", "payload_ref")
+    }
+
+
+def _readable_payload(payload: dict[str, Any], ref: str | None) -> dict[str, Any]:
+    """For the audit diff: the blob's payload, or {} if the blob is gone."""
+    try:
+        return blobs.payload_of(payload, ref)
+    except blobs.PayloadBlobMissing:
+        return {}
+
+
+def _stored(payload: dict[str, Any] | None) -> tuple[str | None, str | None]:
+    """A new payload as it goes in the row: (JSON text, blob reference), validated;
+    (None, None) for no new payload."""
+    if payload is None:
+        return None, None
+    return blobs.offload(payload_json(payload, InvalidTask))
 
 
 def pause_agent(agent_name: str, *, actor: str, source: str = "python") -> bool:
@@ -414,7 +441,7 @@ def update_pending(
     Raises :class:`TaskNotFound`, :class:`TaskNotPending`, or :class:`InvalidTask`
     for a value the queue would not accept at enqueue.
     """
-    new_payload = payload_json(payload, InvalidTask) if payload is not None else None
+    new_payload, new_ref = _stored(payload)
     if priority is not None:
         _check_priority(priority, InvalidTask)
     if available_at is not None and available_at.tzinfo is None:
@@ -426,6 +453,7 @@ def update_pending(
             actor=actor,
             priority=priority,
             payload=new_payload,
+            payload_ref=new_ref,
             available_at=available_at.astimezone(UTC) if available_at else None,
             due_now=due_now,
             now=None,
@@ -438,7 +466,8 @@ def update_pending(
         queries.notify_agents([agent_name])
         changes: dict[str, Any] = {}
         if payload is not None:
-            diff = audit.payload_diff(before.payload, payload)
+            old_payload = _readable_payload(before.payload, before.payload_ref)
+            diff = audit.payload_diff(old_payload, payload)
             changes["payload"] = {"diff": {str(task_id): diff}}
         if priority is not None:
             changes["priority"] = {"from": before.priority, "to": priority}

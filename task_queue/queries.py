@@ -49,14 +49,16 @@ WITH input AS MATERIALIZED (
     SELECT gen_random_uuid() AS id, r.*
     FROM jsonb_to_recordset(%(tasks)s::jsonb) AS r(
         ord int, workflow_id uuid, agent_name text, task_type text, payload jsonb,
-        priority int, max_attempts int, available_at timestamptz, delay_seconds float8,
-        idempotency_key text, idempotency_fingerprint text, trace_id text)
+        payload_ref text, priority int, max_attempts int, available_at timestamptz,
+        delay_seconds float8, idempotency_key text, idempotency_fingerprint text,
+        trace_id text)
 ),
 inserted AS (
-    INSERT INTO tasks (id, workflow_id, agent_name, task_type, payload, priority, max_attempts,
-                       available_at, idempotency_key, idempotency_fingerprint, trace_id,
-                       created_at, updated_at)
-    SELECT input.id, workflow_id, agent_name, task_type, payload, priority, max_attempts,
+    INSERT INTO tasks (id, workflow_id, agent_name, task_type, payload, payload_ref, priority,
+                       max_attempts, available_at, idempotency_key, idempotency_fingerprint,
+                       trace_id, created_at, updated_at)
+    SELECT input.id, workflow_id, agent_name, task_type, payload, payload_ref, priority,
+           max_attempts,
            COALESCE(input.available_at,
                     {_NOW} + make_interval(secs => COALESCE(delay_seconds, 0))),
            idempotency_key, idempotency_fingerprint, trace_id, clock_timestamp(), {_NOW}
@@ -149,6 +151,7 @@ class ClaimedTask:
     workflow_id: UUID | None
     trace_id: str | None
     lease_token: UUID
+    payload_ref: str | None  # the payload's blob, when it is too large for the row
 
 
 # Each agent's due tasks come from an ordered scan of tasks_pending_lease_idx
@@ -184,7 +187,7 @@ SET status = 'leased',
 FROM chosen
 WHERE t.id = chosen.id
 RETURNING t.id, t.agent_name, t.task_type, t.payload, t.attempts, t.max_attempts,
-          t.workflow_id, t.trace_id, t.lease_token
+          t.workflow_id, t.trace_id, t.lease_token, t.payload_ref
 """
 
 
@@ -606,7 +609,9 @@ WITH target AS (
 revived AS (
     UPDATE tasks t
     SET status = 'pending', attempts = 0, available_at = {_NOW}, updated_at = {_NOW},
-        payload = COALESCE(%(payload)s::jsonb, t.payload), cancel_requested_at = NULL
+        payload = COALESCE(%(payload)s::jsonb, t.payload),
+        payload_ref = CASE WHEN %(payload)s IS NULL THEN t.payload_ref ELSE %(payload_ref)s END,
+        cancel_requested_at = NULL
     FROM target
     WHERE t.id = target.id
     RETURNING t.id, t.agent_name, target.status AS from_status
@@ -623,10 +628,17 @@ SELECT id, agent_name FROM revived
 
 
 def revive_tasks(
-    *, ids: Sequence[UUID], actor: str, payload: str | None, now: datetime | None
+    *,
+    ids: Sequence[UUID],
+    actor: str,
+    payload: str | None,
+    now: datetime | None,
+    payload_ref: str | None = None,
 ) -> list[tuple[UUID, str]]:
-    """Dead or failed → pending, due now, with a fresh attempt budget; (id, agent) each."""
-    return _rows(REVIVE_TASKS, {"ids": list(ids), "actor": actor, "payload": payload, "now": now})
+    """Dead or failed → pending, due now, with a fresh attempt budget; (id, agent) each.
+    A new ``payload`` (JSON text) replaces the old with its ``payload_ref``."""
+    params = {"ids": list(ids), "actor": actor, "payload": payload, "payload_ref": payload_ref}
+    return _rows(REVIVE_TASKS, {**params, "now": now})
 
 
 CANCEL_TASKS = f"""
@@ -685,6 +697,7 @@ updated AS (
     UPDATE tasks t
     SET priority = COALESCE(%(priority)s, t.priority),
         payload = COALESCE(%(payload)s::jsonb, t.payload),
+        payload_ref = CASE WHEN %(payload)s IS NULL THEN t.payload_ref ELSE %(payload_ref)s END,
         available_at = CASE WHEN %(due_now)s THEN {_NOW}
                             ELSE COALESCE(%(available_at)s::timestamptz, t.available_at) END,
         updated_at = {_NOW}
@@ -720,6 +733,7 @@ def update_pending_task(
     available_at: datetime | None,
     now: datetime | None,
     due_now: bool = False,
+    payload_ref: str | None = None,
 ) -> tuple[str, str | None] | None:
     """Change a pending task's priority, payload (JSON text) or due time (``due_now``:
     the database's now); None leaves a field as it is. The history row records each
@@ -733,6 +747,7 @@ def update_pending_task(
         "actor": actor,
         "priority": priority,
         "payload": payload,
+        "payload_ref": payload_ref,
         "available_at": available_at,
         "due_now": due_now,
         "now": now,
@@ -1252,6 +1267,25 @@ WHERE bucket_seconds = 60 AND bucket_start < %(cutoff)s
 """
 
 
+# Stream events emitted before the cutoff, once every relay has relayed them (a
+# destination no longer used holds them until its cursor row is deleted). The newest
+# positioned event always stays: positions continue from it (SEQUENCE_EVENTS).
+PRUNE_STREAM_EVENTS = """
+WITH doomed AS (
+    SELECT seq FROM event_outbox
+    WHERE emitted_at < %(cutoff)s
+      AND (position IS NULL OR position < (SELECT max(position) FROM event_outbox))
+      AND CASE WHEN EXISTS (SELECT FROM event_relay_cursors)
+               THEN position <= (SELECT min(position) FROM event_relay_cursors)
+               ELSE true END
+    ORDER BY emitted_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM event_outbox e USING doomed WHERE e.seq = doomed.seq
+"""
+
+
 def prune_finished_tasks(*, cutoff: datetime, batch: int) -> int:
     """Delete up to ``batch`` completed or cancelled tasks outside any workflow that
     finished before ``cutoff``, with their history; returns how many."""
@@ -1266,6 +1300,10 @@ def prune_finished_workflows(*, cutoff: datetime, batch: int) -> tuple[int, int]
 
 def prune_agent_events(*, cutoff: datetime, batch: int) -> int:
     return _rows_nofetch(PRUNE_AGENT_EVENTS, {"cutoff": cutoff, "batch": batch})
+
+
+def prune_stream_events(*, cutoff: datetime, batch: int) -> int:
+    return _rows_nofetch(PRUNE_STREAM_EVENTS, {"cutoff": cutoff, "batch": batch})
 
 
 def prune_worker_heartbeats(*, cutoff: datetime) -> int:
@@ -1387,10 +1425,10 @@ MESSAGES_CHANNEL = "automechanica_messages"  # payload: the recipient agent's na
 # (sent at commit, so a rolled-back send wakes nobody).
 SEND_MESSAGE = f"""
 WITH sent AS (
-    INSERT INTO agent_messages (from_agent, to_agent, message_type, payload, priority,
-                                correlation_id, reply_to, metadata, expires_at)
+    INSERT INTO agent_messages (from_agent, to_agent, message_type, payload, payload_ref,
+                                priority, correlation_id, reply_to, metadata, expires_at)
     VALUES (%(from_agent)s, %(to_agent)s, %(message_type)s, %(payload)s::jsonb,
-            %(priority)s, %(correlation_id)s, %(reply_to)s, %(metadata)s::jsonb,
+            %(payload_ref)s, %(priority)s, %(correlation_id)s, %(reply_to)s, %(metadata)s::jsonb,
             now() + make_interval(secs => %(expires_in)s))
     RETURNING id, to_agent
 )
@@ -1417,8 +1455,8 @@ SET status = 'delivered', delivered_at = clock_timestamp(),
     visible_at = clock_timestamp() + make_interval(secs => %(visibility_seconds)s)
 FROM visible
 WHERE m.id = visible.id
-RETURNING m.id, m.from_agent, m.to_agent, m.message_type, m.payload, m.priority,
-          m.correlation_id, m.reply_to, m.metadata, m.created_at, m.expires_at,
+RETURNING m.id, m.from_agent, m.to_agent, m.message_type, m.payload, m.payload_ref,
+          m.priority, m.correlation_id, m.reply_to, m.metadata, m.created_at, m.expires_at,
           m.delivery_count, m.receipt
 """
 
@@ -1469,6 +1507,7 @@ def send_message(
     to_agent: str,
     message_type: str,
     payload: str,
+    payload_ref: str | None,
     priority: int,
     correlation_id: str | None,
     reply_to: str | None,
@@ -1480,6 +1519,7 @@ def send_message(
         "to_agent": to_agent,
         "message_type": message_type,
         "payload": payload,
+        "payload_ref": payload_ref,
         "priority": priority,
         "correlation_id": correlation_id,
         "reply_to": reply_to,

@@ -8,7 +8,9 @@
 - per-minute heartbeat counts and minute rollups once the wider rollups hold them;
 - agent messages: unacknowledged ones past their expiry (and no longer leased) are
   marked expired, and acknowledged or expired ones go ``QUEUE_RETENTION_DAYS`` after
-  they expired; so do publications, with their deliveries.
+  they expired; so do publications, with their deliveries;
+- event stream envelopes ``QUEUE_RETENTION_DAYS`` after they were emitted, once every
+  relay has relayed them.
 
 Dead and failed tasks stay until an operator revives or cancels them. Each batch is
 its own short transaction that skips rows someone else has locked, so a pass never
@@ -43,9 +45,13 @@ class Pruned:
     workflows: int = 0
     agent_events: int = 0
     messages: int = 0  # and publications
+    stream_events: int = 0
 
     def __bool__(self) -> bool:
-        return bool(self.tasks or self.workflows or self.agent_events or self.messages)
+        return bool(
+            self.tasks or self.workflows or self.agent_events or self.messages
+            or self.stream_events
+        )  # fmt: skip
 
 
 def prune(*, now: datetime | None = None) -> Pruned | None:
@@ -68,11 +74,13 @@ def prune(*, now: datetime | None = None) -> Pruned | None:
             messages = queries.prune_messages(cutoff=task_cutoff, batch=BATCH)
             expired += queries.expire_deliveries(batch=BATCH)
             messages += queries.prune_publications(cutoff=task_cutoff, batch=BATCH)
+            stream = queries.prune_stream_events(cutoff=task_cutoff, batch=BATCH)
         pruned.tasks += tasks + workflow_tasks
         pruned.workflows += workflows
         pruned.agent_events += events
         pruned.messages += messages
-        if max(tasks, workflows, events, expired, messages) < BATCH:
+        pruned.stream_events += stream
+        if max(tasks, workflows, events, expired, messages, stream) < BATCH:
             break
     with transaction.atomic():
         queries.prune_worker_heartbeats(
@@ -81,13 +89,17 @@ def prune(*, now: datetime | None = None) -> Pruned | None:
         queries.prune_minute_metrics(cutoff=clock - timedelta(days=MINUTE_METRICS_DAYS))
         if pruned:
             RetentionRun.objects.create(
-                tasks=pruned.tasks, workflows=pruned.workflows, agent_events=pruned.agent_events
+                tasks=pruned.tasks,
+                workflows=pruned.workflows,
+                agent_events=pruned.agent_events,
+                stream_events=pruned.stream_events,
             )
             RetentionRun.objects.filter(ran_at__lt=clock - timedelta(days=30)).delete()
     if pruned:
         logger.info(
             "retention: pruned %d task(s), %d workflow(s), %d agent event(s), "
-            "%d message(s) and publication(s)",
+            "%d message(s) and publication(s), %d stream event(s)",
             pruned.tasks, pruned.workflows, pruned.agent_events, pruned.messages,
+            pruned.stream_events,
         )  # fmt: skip
     return pruned

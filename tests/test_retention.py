@@ -115,3 +115,25 @@ def test_the_overview_shows_what_retention_pruned():
     client.force_login(User.objects.create_user("ops", password="pw", is_staff=True))
     page = client.get("/").content.decode()
     assert "Retention, last 24 hours: 1 finished task(s), 0 workflow(s)" in page
+
+
+def test_stream_events_go_once_old_and_relayed_keeping_the_newest():
+    from task_queue import event_stream
+    from task_queue.models import EventRelayCursor, OutboxEvent
+
+    for _ in range(4):
+        task()
+    event_stream.sequence()
+    OutboxEvent.objects.update(emitted_at=queries.database_clock() - timedelta(days=30))
+    task()  # recent, not positioned yet
+    EventRelayCursor.objects.create(destination="nats://x", position=2)
+
+    assert retention.prune().stream_events == 2  # what the relay confirmed
+    assert list(OutboxEvent.objects.order_by("seq").values_list("position", flat=True)) == [
+        3, 4, None,
+    ]  # fmt: skip
+    EventRelayCursor.objects.all().delete()  # the destination is gone
+    assert retention.prune().stream_events == 1  # the newest positioned event stays
+    event_stream.sequence()
+    assert list(OutboxEvent.objects.order_by("seq").values_list("position", flat=True)) == [4, 5]
+    assert RetentionRun.objects.order_by("-id").first().stream_events == 1

@@ -1,8 +1,10 @@
-from django.db import migrations
+from django.db import migrations, models
 
 # Direct messages and publications in the event stream (task_queue 0008 has the tasks'
-# side and says why triggers): a message sent, acknowledged or expired, and every
-# publication as evt.agent.<publisher type>.<event name>.v1 (seed 000 §4).
+# side and says why triggers): a message sent (with its payload, or the reference of
+# its blob), acknowledged or expired, and every publication as
+# evt.agent.<publisher type>.<event name>.v1 (seed 000 §4). Messages get payload_ref
+# (task_queue.blobs) too.
 RECORD_MESSAGE_EVENTS = """
 CREATE FUNCTION record_message_sent() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -14,7 +16,7 @@ BEGIN
                               'to_agent', n.to_agent, 'message_type', n.message_type,
                               'priority', n.priority, 'correlation_id', n.correlation_id,
                               'reply_to', n.reply_to, 'expires_at', n.expires_at,
-                              'payload', n.payload)
+                              'payload', n.payload, 'payload_ref', n.payload_ref)
     FROM new_rows n
     ORDER BY n.created_at, n.id;
     RETURN NULL;
@@ -79,4 +81,11 @@ class Migration(migrations.Migration):
         ("queue", "0008_event_stream"),
     ]
 
-    operations = [migrations.RunSQL(RECORD_MESSAGE_EVENTS, DROP_MESSAGE_EVENTS)]
+    operations = [
+        migrations.AddField(
+            model_name="agentmessage",
+            name="payload_ref",
+            field=models.TextField(blank=True, null=True),
+        ),
+        migrations.RunSQL(RECORD_MESSAGE_EVENTS, DROP_MESSAGE_EVENTS),
+    ]

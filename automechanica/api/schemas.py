@@ -106,7 +106,12 @@ class TaskOut(Schema):
     workflow_id: UUID | None
     agent_name: str
     task_type: str
-    payload: dict[str, Any]
+    payload: dict[str, Any] = Field(
+        description="The payload; in lists, {} for one stored as a blob (see payload_ref)."
+    )
+    payload_ref: str | None = Field(
+        None, description="Set when the payload is stored as a blob (sha256-…)."
+    )
     priority: int
     status: TaskStatusName
     attempts: int
@@ -145,6 +150,9 @@ class HistoryOut(Schema):
 
 class TaskDetailOut(TaskOut):
     history: list[HistoryOut]
+    payload_error: str | None = Field(
+        None, description="Why a payload stored as a blob could not be read."
+    )
 
     @staticmethod
     def resolve_history(task: Any) -> list[Any]:
@@ -316,6 +324,9 @@ class MessageOut(Schema):
     to_agent: str
     message_type: MessageTypeName
     payload: Any
+    payload_ref: str | None = Field(
+        None, description="Set when the payload is stored as a blob (sha256-…)."
+    )
     priority: int
     status: MessageStatusName
     correlation_id: str | None
@@ -328,6 +339,9 @@ class MessageOut(Schema):
 
 class DeliveredMessageOut(MessageOut):
     receipt: UUID = Field(description="This delivery's: acknowledge with it.")
+    payload_error: str | None = Field(
+        None, description="Why the payload could not be read (its blob is missing)."
+    )
 
 
 class MessageReceive(StrictSchema):

@@ -99,6 +99,7 @@ def take_snapshot() -> Snapshot:
             tasks=Coalesce(Sum("tasks"), 0),
             workflows=Coalesce(Sum("workflows"), 0),
             agent_events=Coalesce(Sum("agent_events"), 0),
+            stream_events=Coalesce(Sum("stream_events"), 0),
         ),
     )
 

@@ -25,7 +25,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from agents_app import registry
 from agents_app.memory import similar_events, task_text
-from task_queue import operations, queries
+from task_queue import blobs, operations, queries
 from task_queue.audit import user_actor
 from task_queue.models import OperatorAction, Task, TaskStatus
 from workflows.models import Workflow
@@ -240,8 +240,12 @@ def task_edit(request: HttpRequest, task_id: UUID) -> HttpResponse:
     _require(request, "edit")
     task = get_object_or_404(Task, id=task_id)
     editable = task.status in (TaskStatus.DEAD, TaskStatus.FAILED, TaskStatus.PENDING)
-    text = json.dumps(task.payload, indent=2, ensure_ascii=False)
     error = None
+    try:
+        current = blobs.payload_of(task.payload, task.payload_ref)
+    except blobs.PayloadBlobMissing as missing:
+        current, error = {}, f"{missing}: write the payload anew"
+    text = json.dumps(current, indent=2, ensure_ascii=False)
     if request.method == "POST" and editable:
         text = request.POST.get("payload", "")
         try:

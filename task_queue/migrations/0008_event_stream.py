@@ -119,7 +119,7 @@ class Migration(migrations.Migration):
             name="OutboxEvent",
             fields=[
                 ("seq", models.BigAutoField(primary_key=True, serialize=False)),
-                ("position", models.BigIntegerField(blank=True, null=True, unique=True)),
+                ("position", models.BigIntegerField(blank=True, null=True)),
                 ("schema_version", models.TextField(db_default="v1")),
                 (
                     "message_id",
@@ -146,7 +146,24 @@ class Migration(migrations.Migration):
                     ),
                     models.Index(fields=["emitted_at"], name="event_outbox_emitted_idx"),
                 ],
+                "constraints": [
+                    models.UniqueConstraint(
+                        condition=models.Q(("position__isnull", False)),
+                        fields=("position",),
+                        name="event_outbox_position_key",
+                    )
+                ],
             },
+        ),
+        migrations.AddField(
+            model_name="retentionrun",
+            name="stream_events",
+            field=models.IntegerField(db_default=0, default=0),
+        ),
+        migrations.AddField(
+            model_name="task",
+            name="payload_ref",
+            field=models.TextField(blank=True, null=True),
         ),
         migrations.RunSQL(RECORD_TASK_EVENTS, DROP_TASK_EVENTS),
     ]

@@ -5,6 +5,7 @@ GRNS_DLQ. Streams are created when absent. Needs the ``nats`` extra (nats-py).""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 import nats
@@ -20,6 +21,14 @@ DUPLICATE_WINDOW_SECONDS = 120
 DURABLE = "automechanica"
 
 
+logger = logging.getLogger(__name__)
+
+
+async def _log_error(error: Exception) -> None:
+    # nats-py's default prints a traceback per failed connect; the relay logs one line.
+    logger.debug("nats: %r", error)
+
+
 class JetStreamBridge:
     # What an unreachable or restarting server raises: the relay reconnects.
     errors = (nats.errors.Error, OSError, asyncio.TimeoutError)
@@ -33,7 +42,15 @@ class JetStreamBridge:
     async def connect(self) -> None:
         # The relay reconnects itself (and resumes from its cursor), so the client's
         # own reconnect, which would hold publishes in a buffer, is off.
-        self.nc = await nats.connect(self.url, allow_reconnect=False, connect_timeout=5)
+        # (nats-py tries connecting max_reconnect_attempts times even without it.)
+        self.nc = await nats.connect(
+            self.url,
+            allow_reconnect=False,
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0.2,
+            connect_timeout=5,
+            error_cb=_log_error,
+        )
         self.js = self.nc.jetstream()
         for name, subjects in (("GRNS_EVT", "evt.>"), ("GRNS_CMD", "cmd.>"), ("GRNS_DLQ", "dlq.>")):
             await self._ensure_stream(self.names.stream(name), self.names.subject(subjects))

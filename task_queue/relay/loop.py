@@ -116,7 +116,9 @@ class Relay:
                 return
             except self.bridge.errors as error:
                 if self.once:
-                    raise BrokerUnavailable(f"{self.destination}: {error!r}") from None
+                    raise BrokerUnavailable(
+                        f"{self.destination}: {type(error).__name__}: {error}"
+                    ) from None
                 if down_since is None:
                     down_since = time.monotonic()
                     self.stats.outages += 1

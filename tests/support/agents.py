@@ -77,3 +77,18 @@ class SlowAgent(Agent):
     def handle(self, task: TaskContext) -> dict[str, Any]:
         task.sleep(task.payload.get("seconds", 60))
         return {"slept": True}
+
+
+@register
+class PayloadDigestAgent(Agent):
+    """Returns what payload it was given, as a digest (large payloads: tests/test_blobs.py)."""
+
+    name = "PayloadDigest"
+    task_types = ("digest",)
+
+    def handle(self, task: TaskContext) -> dict[str, Any]:
+        import hashlib
+        import json
+
+        text = json.dumps(task.payload, sort_keys=True)
+        return {"sha256": hashlib.sha256(text.encode()).hexdigest(), "chars": len(text)}

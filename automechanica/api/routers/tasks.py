@@ -10,7 +10,7 @@ from django.http import HttpRequest
 from ninja import Body, Query, Router, Status
 from pydantic import Field
 
-from task_queue import operations
+from task_queue import blobs, operations
 from task_queue.models import REVIVABLE_STATUSES, Task
 
 from ..auth import ADMIN, READ, WRITE
@@ -140,8 +140,13 @@ def revive_many(request: HttpRequest, body: BulkReviveRequest):
 @router.get("/tasks/{task_id}", auth=READ, response={200: TaskDetailOut, **ERROR_RESPONSES})
 def get_task(request: HttpRequest, task_id: UUID):
     """The task with its history: every attempt, its error and traceback, its worker,
-    and every operator action."""
-    return _task(task_id)
+    and every operator action. A payload stored as a blob is read back from it."""
+    task = _task(task_id)
+    try:
+        task.payload = blobs.payload_of(task.payload, task.payload_ref)
+    except blobs.PayloadBlobMissing as error:
+        task.payload_error = str(error)
+    return task
 
 
 @router.patch("/tasks/{task_id}", auth=WRITE, response={200: TaskOut, **ERROR_RESPONSES})

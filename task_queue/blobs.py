@@ -1,0 +1,104 @@
+"""Large payloads, stored content-addressed (seed 004) through Django's storage API.
+
+A task's or message's payload whose JSON is larger than
+``PAYLOAD_BLOB_THRESHOLD_BYTES`` is written to the ``payloads`` storage under its
+SHA-256 (``sha256-<hex>``); the row keeps that reference in ``payload_ref`` and an
+empty ``payload``. Readers (the worker, the API, message receivers) get the payload
+back through :func:`payload_of`. A blob that is missing or does not match its hash
+raises :class:`PayloadBlobMissing`, which the worker records as that task's failure.
+
+The blob is written before the row's transaction commits: a rolled-back enqueue
+leaves an unreferenced blob behind, never a row without its blob.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from typing import Any
+
+from django.conf import settings
+from django.core.files.base import ContentFile, File
+from django.core.files.storage import FileSystemStorage, Storage, storages
+
+PREFIX = "sha256-"
+_REF = re.compile(r"sha256-[0-9a-f]{64}")
+
+
+class PayloadBlobMissing(LookupError):
+    """The payload's blob is not in storage, or not what its hash says."""
+
+
+def _storage() -> Storage:
+    return storages["payloads"]
+
+
+def _name(ref: str) -> str:
+    # Two hex digits of fan-out keep directories small on a filesystem.
+    return f"{ref[len(PREFIX) : len(PREFIX) + 2]}/{ref}"
+
+
+def put(data: bytes) -> str:
+    """Store ``data`` (once: equal content, equal name); returns its reference."""
+    ref = PREFIX + hashlib.sha256(data).hexdigest()
+    storage = _storage()
+    if not storage.exists(_name(ref)):
+        storage.save(_name(ref), ContentFile(data))
+    return ref
+
+
+def get(ref: str) -> bytes:
+    """The blob's bytes, checked against its hash."""
+    if not _REF.fullmatch(ref):
+        raise PayloadBlobMissing(f"payload reference {ref!r} is not sha256-<64 hex digits>")
+    try:
+        with _storage().open(_name(ref), "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise PayloadBlobMissing(f"payload blob {ref} is missing from storage") from None
+    if PREFIX + hashlib.sha256(data).hexdigest() != ref:
+        raise PayloadBlobMissing(f"payload blob {ref} does not match its hash")
+    return data
+
+
+def offload(payload_json: str) -> tuple[str, str | None]:
+    """(payload JSON to keep in the row, blob reference or None) for a payload."""
+    data = payload_json.encode()
+    if len(data) <= settings.PAYLOAD_BLOB_THRESHOLD_BYTES:
+        return payload_json, None
+    return "{}", put(data)
+
+
+def payload_of(payload: Any, ref: str | None) -> Any:
+    """The payload a row stands for: its own, or its blob's."""
+    return payload if ref is None else json.loads(get(ref))
+
+
+class AtomicFileSystemStorage(FileSystemStorage):
+    """A filesystem storage whose files appear whole or not at all (a temporary file
+    in the same directory, then a rename), and where saving an existing name
+    replaces it: names are content hashes, so the content is the same."""
+
+    def get_available_name(self, name: str, max_length: int | None = None) -> str:
+        return name
+
+    def _save(self, name: str, content: File) -> str:
+        path = self.path(name)
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=directory, prefix=".partial-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                for chunk in content.chunks():
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(temporary, 0o644)
+            os.replace(temporary, path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+        return name

@@ -1,0 +1,360 @@
+"""relay_events against the real NATS JetStream and RabbitMQ on this machine.
+
+Each test works under its own namespace (streams, subjects and exchanges), so runs
+sharing a broker do not see each other, and removes it after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from task_queue import operations
+from task_queue.models import EventRelayCursor, OutboxEvent, Task
+from task_queue.relay.names import destination_key
+from tests.conftest import REPO, manage_env, wait_for
+from tests.support.queue import complete_pending
+
+NATS_URL = "nats://127.0.0.1:4222"
+AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _needs(module: str, extra: str, port: int, broker: str) -> pytest.MarkDecorator:
+    reason = None
+    if importlib.util.find_spec(module) is None:
+        reason = f"the {extra} extra is not installed (uv sync --extra {extra})"
+    elif not _listening(port):
+        reason = f"no {broker} on 127.0.0.1:{port}"
+    return pytest.mark.skipif(reason is not None, reason=reason or "")
+
+
+needs_nats = _needs("nats", "nats", 4222, "NATS server")
+needs_rabbitmq = _needs("aio_pika", "amqp", 5672, "RabbitMQ")
+
+
+class Relay:
+    """A ``manage.py relay_events`` subprocess with its log in a file."""
+
+    def __init__(self, url: str, namespace: str, log: Path, *args: str) -> None:
+        self.log_path = log
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in wait()
+        self.process = subprocess.Popen(
+            [sys.executable, "manage.py", "relay_events", "--to", url,
+             "--namespace", namespace, *args],
+            cwd=REPO, env=manage_env(), stdout=self._log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def wait(self, timeout: float = 60) -> int:
+        code = self.process.wait(timeout)
+        self._log.close()
+        return code
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def relays(tmp_path) -> Iterator[Callable[..., Relay]]:
+    started: list[Relay] = []
+
+    def start(url: str, namespace: str, *args: str) -> Relay:
+        started.append(Relay(url, namespace, tmp_path / f"relay-{len(started)}.log", *args))
+        return started[-1]
+
+    yield start
+    for relay in started:
+        if relay.process.poll() is None:
+            relay.kill()
+
+
+def make_events(tasks: int) -> list[str]:
+    """``tasks`` tasks run to completion (created, claimed, completed), plus a message."""
+    ids = operations.enqueue_many(
+        [operations.TaskSpec("EchoAgent", "echo", {"n": n}) for n in range(tasks)]
+    )
+    complete_pending("EchoAgent")
+    from agents_app import messaging
+
+    messaging.send("Planner", "Pricer", "notification", {"hello": 1})
+    return [str(t.id) for t in ids]
+
+
+def cursor_at(url: str, namespace: str) -> int:
+    cursor = EventRelayCursor.objects.filter(destination=destination_key(url, namespace)).first()
+    return cursor.position if cursor else 0
+
+
+def check_delivery(bodies: list[bytes]) -> None:
+    """Every event of the outbox arrived at least once, and each subject's events (a
+    task's, a message's) arrived in position order."""
+    received = [json.loads(body) for body in bodies]
+    expected = dict(OutboxEvent.objects.values_list("message_id", "position"))
+    assert {uuid.UUID(e["message_id"]) for e in received} == set(expected)
+    first_seen: dict[str, dict] = {}
+    for event in received:
+        first_seen.setdefault(event["message_id"], event)
+    by_subject: dict[str, list[int]] = {}
+    for event in first_seen.values():
+        subject = event["payload"].get("task_id") or event["payload"].get("message_id")
+        by_subject.setdefault(subject, []).append(event["position"])
+    assert all(positions == sorted(positions) for positions in by_subject.values())
+    assert all(e["position"] == expected[uuid.UUID(e["message_id"])] for e in received)
+
+
+def kill_mid_stream_and_restart(relays, url: str, namespace: str) -> Relay:
+    """Relay in small batches, SIGKILL the relay part-way, restart it, and wait until
+    it has relayed everything; returns the running second relay."""
+    make_events(300)
+    total = OutboxEvent.objects.count()
+    first = relays(url, namespace, "--batch", "10")
+    wait_for(lambda: cursor_at(url, namespace) >= 200, timeout=60, what="200 events relayed")
+    first.kill()
+    assert cursor_at(url, namespace) < total, "killed after the end: not mid-stream"
+    second = relays(url, namespace, "--batch", "50")
+    wait_for(lambda: cursor_at(url, namespace) >= total, timeout=60, what="the rest relayed")
+    more = make_events(20)  # live events after the restart go out too
+    wait_for(
+        lambda: cursor_at(url, namespace) >= OutboxEvent.objects.count(),
+        timeout=60,
+        what="live events relayed",
+    )
+    assert Task.objects.filter(id__in=more, status="completed").count() == 20
+    return second
+
+
+def command(message_id: str, **payload) -> bytes:
+    return json.dumps(
+        {"schema_version": "v1", "message_id": message_id, "trace_id": "tr-cmd",
+         "causation_id": None, "kind": "cmd.task.execute.v1",
+         "emitted_at": "2026-11-23T00:00:00Z", "payload": payload}
+    ).encode()  # fmt: skip
+
+
+def check_commands_executed(message_id: str) -> None:
+    [task] = Task.objects.filter(idempotency_key=f"cmd:{message_id}")
+    assert (task.agent_name, task.payload, task.trace_id) == ("EchoAgent", {"n": 7}, "tr-cmd")
+    created = OutboxEvent.objects.get(kind="evt.task.created.v1", subject_id=str(task.id))
+    assert created.causation_id == message_id
+
+
+# ---------------------------------------------------------------- NATS JetStream
+
+
+async def _jetstream(namespace: str, work: Callable) -> object:
+    import nats
+
+    nc = await nats.connect(NATS_URL)
+    try:
+        return await work(nc.jetstream())
+    finally:
+        await nc.close()
+
+
+def nats_messages(namespace: str, stream: str) -> list:
+    async def read(js) -> list:
+        name = f"{namespace}_{stream}"
+        count = (await js.stream_info(name)).state.messages
+        subscription = await js.pull_subscribe(f"{namespace}.>", stream=name)
+        messages = []
+        while len(messages) < count:
+            messages += await subscription.fetch(batch=min(500, count - len(messages)), timeout=5)
+        return messages
+
+    return asyncio.run(_jetstream(namespace, read))
+
+
+@pytest.fixture
+def nats_namespace() -> Iterator[str]:
+    namespace = f"t{uuid.uuid4().hex[:10]}"
+    yield namespace
+
+    async def remove(js) -> None:
+        for stream in ("GRNS_EVT", "GRNS_CMD", "GRNS_DLQ"):
+            with contextlib.suppress(NotFoundError):  # a stream the test never made
+                await js.delete_stream(f"{namespace}_{stream}")
+
+    from nats.js.errors import NotFoundError
+
+    asyncio.run(_jetstream(namespace, remove))
+
+
+@needs_nats
+def test_nats_relay_killed_mid_stream_delivers_every_event_in_order(relays, nats_namespace):
+    second = kill_mid_stream_and_restart(relays, NATS_URL, nats_namespace)
+    second.process.terminate()
+    assert second.wait() == 0, second.log()
+    messages = nats_messages(nats_namespace, "GRNS_EVT")
+    check_delivery([m.data for m in messages])
+    assert {m.subject.split(".", 1)[1] for m in messages} >= {
+        "evt.task.created.v1", "evt.task.claimed.v1", "evt.task.completed.v1",
+        "evt.message.sent.v1",
+    }  # fmt: skip
+    assert all(m.headers["Nats-Msg-Id"] == json.loads(m.data)["message_id"] for m in messages)
+
+
+@needs_nats
+def test_nats_commands_become_tasks_once(relays, nats_namespace):
+    async def send(js) -> None:
+        await js.add_stream(name=f"{nats_namespace}_GRNS_CMD", subjects=[f"{nats_namespace}.cmd.>"])
+        subject = f"{nats_namespace}.cmd.task.execute.v1"
+        good = command("cmd-1", target_agent_type="EchoAgent", task_type="echo", payload={"n": 7})
+        await js.publish(subject, good)
+        await js.publish(subject, good)  # redelivered: no second task
+        await js.publish(subject, command("cmd-2", target_agent_type="Nobody", task_type="x"))
+
+    asyncio.run(_jetstream(nats_namespace, send))
+    relay = relays(NATS_URL, nats_namespace, "--once", "--consume-commands")
+    assert relay.wait() == 0, relay.log()
+    check_commands_executed("cmd-1")
+    assert not Task.objects.filter(idempotency_key="cmd:cmd-2").exists()
+    [refused] = nats_messages(nats_namespace, "GRNS_DLQ")
+    assert json.loads(refused.data)["message_id"] == "cmd-2"
+    assert "unknown agent 'Nobody'" in refused.headers["Refused"]
+
+
+# ---------------------------------------------------------------- RabbitMQ
+
+
+async def _rabbitmq(work: Callable) -> object:
+    import aio_pika
+
+    connection = await aio_pika.connect(AMQP_URL)
+    try:
+        return await work(await connection.channel())
+    finally:
+        await connection.close()
+
+
+def rabbitmq_queue(namespace: str, exchange: str, binding: str) -> str:
+    """A queue bound to the namespace's exchange before the relay publishes."""
+    import aio_pika
+
+    name = f"{namespace}.observe.{exchange}"
+
+    async def declare(channel) -> None:
+        source = await channel.declare_exchange(
+            f"{namespace}.{exchange}", aio_pika.ExchangeType.TOPIC, durable=True
+        )
+        queue = await channel.declare_queue(name, durable=True)
+        await queue.bind(source, routing_key=binding)
+
+    asyncio.run(_rabbitmq(declare))
+    return name
+
+
+def rabbitmq_messages(queue_name: str) -> list:
+    async def drain(channel) -> list:
+        queue = await channel.get_queue(queue_name)
+        messages = []
+        while (message := await queue.get(fail=False)) is not None:
+            await message.ack()
+            messages.append(message)
+        return messages
+
+    return asyncio.run(_rabbitmq(drain))
+
+
+@pytest.fixture
+def rabbitmq_namespace() -> Iterator[str]:
+    namespace = f"t{uuid.uuid4().hex[:10]}"
+    yield namespace
+
+    async def remove(channel) -> None:
+        for queue in ("observe.grns.evt", "observe.grns.dlq", "grns.cmd.task.execute"):
+            await channel.queue_delete(f"{namespace}.{queue}")
+        for exchange in ("grns.evt", "grns.cmd", "grns.dlq"):
+            await channel.exchange_delete(f"{namespace}.{exchange}")
+
+    asyncio.run(_rabbitmq(remove))
+
+
+@needs_rabbitmq
+def test_rabbitmq_relay_killed_mid_stream_delivers_every_event_in_order(relays, rabbitmq_namespace):
+    observed = rabbitmq_queue(rabbitmq_namespace, "grns.evt", "evt.#")
+    second = kill_mid_stream_and_restart(relays, AMQP_URL, rabbitmq_namespace)
+    second.process.terminate()
+    assert second.wait() == 0, second.log()
+    messages = rabbitmq_messages(observed)
+    check_delivery([m.body for m in messages])
+    assert all(m.routing_key == json.loads(m.body)["kind"] for m in messages)
+    assert all(m.message_id == json.loads(m.body)["message_id"] for m in messages)
+
+
+@needs_rabbitmq
+def test_rabbitmq_commands_become_tasks_once(relays, rabbitmq_namespace):
+    import aio_pika
+
+    refused_queue = rabbitmq_queue(rabbitmq_namespace, "grns.dlq", "dlq.#")
+    # The relay declares and binds its command queue; the commands wait there.
+    setup = relays(AMQP_URL, rabbitmq_namespace, "--once", "--consume-commands")
+    assert setup.wait() == 0, setup.log()
+
+    async def send(channel) -> None:
+        exchange = await channel.get_exchange(f"{rabbitmq_namespace}.grns.cmd")
+        good = command("cmd-1", target_agent_type="EchoAgent", task_type="echo", payload={"n": 7})
+        for body, key in (
+            (good, "task.execute.v1"),
+            (good, "cmd.task.execute.v1"),  # redelivered: no second task
+            (b"not json", "cmd.task.execute.v1"),
+        ):
+            await exchange.publish(aio_pika.Message(body), routing_key=key)
+
+    asyncio.run(_rabbitmq(send))
+    relay = relays(AMQP_URL, rabbitmq_namespace, "--once", "--consume-commands")
+    assert relay.wait() == 0, relay.log()
+    check_commands_executed("cmd-1")
+    [refused] = rabbitmq_messages(refused_queue)
+    assert refused.body == b"not json" and "body: not JSON" in refused.headers["refused"]
+
+
+def test_relay_refuses_a_bad_destination_and_an_unreachable_broker(relays):
+    bad = relays("kafka://127.0.0.1:9092", "x", "--once")
+    assert bad.wait() == 1
+    assert (
+        bad.log()
+        .strip()
+        .endswith("--to: expected nats://… or amqp://…, got 'kafka://127.0.0.1:9092'")
+    )
+    down = relays("nats://127.0.0.1:1", "x", "--once")
+    assert down.wait() == 1
+    assert "CommandError: nats://127.0.0.1:1#x: NoServersError" in down.log()
+
+
+@needs_nats
+def test_one_relay_per_destination(relays, nats_namespace):
+    running = relays(NATS_URL, nats_namespace)
+    wait_for(
+        lambda: EventRelayCursor.objects.filter(
+            destination=destination_key(NATS_URL, nats_namespace)
+        ).exists(),
+        what="the first relay to start",
+    )
+    second = relays(NATS_URL, nats_namespace, "--once")
+    assert second.wait() == 1
+    assert f"another relay_events is relaying to nats://127.0.0.1:4222#{nats_namespace}" in (
+        second.log()
+    )
+    running.process.terminate()
+    assert running.wait() == 0
