@@ -66,6 +66,7 @@ class Message:
     delivery_count: int
     receipt: UUID  # this delivery's: ack with it
     payload: Any  # read from its blob when it was too large for the row
+    payload_ref: str | None = None  # that blob
     payload_error: str | None = None  # why the payload could not be read (a lost blob)
 
 
@@ -182,10 +183,11 @@ def _message(row: tuple) -> Message:
     payload, payload_ref = json.loads(values.pop(4)), values.pop(4)  # jsonb comes as text
     values[7] = json.loads(values[7])
     try:
-        return Message(*values, payload=blobs.payload_of(payload, payload_ref))
-    except blobs.PayloadBlobMissing as error:
+        payload = blobs.payload_of(payload, payload_ref)
+    except blobs.PayloadBlobError as error:
         # The reader gets the message and the reason; acknowledging it ends it.
-        return Message(*values, payload=None, payload_error=str(error))
+        return Message(*values, payload=None, payload_ref=payload_ref, payload_error=str(error))
+    return Message(*values, payload=payload, payload_ref=payload_ref)
 
 
 @contextmanager

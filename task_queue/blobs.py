@@ -5,7 +5,10 @@ A task's or message's payload whose JSON is larger than
 SHA-256 (``sha256-<hex>``); the row keeps that reference in ``payload_ref`` and an
 empty ``payload``. Readers (the worker, the API, message receivers) get the payload
 back through :func:`payload_of`. A blob that is missing or does not match its hash
-raises :class:`PayloadBlobMissing`, which the worker records as that task's failure.
+raises :class:`PayloadBlobMissing`, which the worker records as that task's failure;
+a storage that fails to answer, :class:`PayloadBlobUnavailable`, a retried failure.
+
+Blobs are not collected: one whose tasks and messages are gone stays in storage.
 
 The blob is written before the row's transaction commits: a rolled-back enqueue
 leaves an unreferenced blob behind, never a row without its blob.
@@ -28,8 +31,18 @@ PREFIX = "sha256-"
 _REF = re.compile(r"sha256-[0-9a-f]{64}")
 
 
-class PayloadBlobMissing(LookupError):
-    """The payload's blob is not in storage, or not what its hash says."""
+class PayloadBlobError(Exception):
+    """A payload's blob could not be read."""
+
+
+class PayloadBlobMissing(PayloadBlobError):
+    """The blob is not in storage, or not what its hash says: reading again will not
+    help (the worker fails the task without retrying)."""
+
+
+class PayloadBlobUnavailable(PayloadBlobError):
+    """The storage failed to answer (permissions, a network store down): the worker
+    retries the task with backoff."""
 
 
 def _storage() -> Storage:
@@ -44,9 +57,10 @@ def _name(ref: str) -> str:
 def put(data: bytes) -> str:
     """Store ``data`` (once: equal content, equal name); returns its reference."""
     ref = PREFIX + hashlib.sha256(data).hexdigest()
-    storage = _storage()
-    if not storage.exists(_name(ref)):
-        storage.save(_name(ref), ContentFile(data))
+    storage, name = _storage(), _name(ref)
+    # A blob cut short (a disk filled up) is written again, not trusted by name.
+    if not storage.exists(name) or storage.size(name) != len(data):
+        storage.save(name, ContentFile(data))
     return ref
 
 
@@ -59,6 +73,8 @@ def get(ref: str) -> bytes:
             data = f.read()
     except FileNotFoundError:
         raise PayloadBlobMissing(f"payload blob {ref} is missing from storage") from None
+    except OSError as error:
+        raise PayloadBlobUnavailable(f"payload blob {ref} could not be read: {error}") from None
     if PREFIX + hashlib.sha256(data).hexdigest() != ref:
         raise PayloadBlobMissing(f"payload blob {ref} does not match its hash")
     return data

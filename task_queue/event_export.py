@@ -19,9 +19,7 @@ from typing import IO
 from task_queue import event_stream
 
 EXPORT_BATCH = 1000
-# How far from the end the last complete line is looked for; an envelope is capped
-# well below this (payloads beyond BLOB_THRESHOLD_BYTES go to blobs).
-TAIL_SEARCH_BYTES = 4 * 1024 * 1024
+_CHUNK = 64 * 1024
 
 
 @dataclass
@@ -29,6 +27,8 @@ class Exported:
     events: int = 0
     first: int | None = None
     last: int | None = None
+    # Positions that were pruned (retention) before this export reached them.
+    pruned: tuple[int, int] | None = None
 
 
 def resume_position(path: Path) -> int:
@@ -37,20 +37,33 @@ def resume_position(path: Path) -> int:
     if not path.exists():
         return 0
     with path.open("rb+") as f:
-        size = f.seek(0, os.SEEK_END)
-        f.seek(max(0, size - TAIL_SEARCH_BYTES))
-        tail = f.read()
-        if tail and not tail.endswith(b"\n"):
-            cut = tail.rfind(b"\n") + 1  # 0 when no line in the tail is complete
-            f.truncate(size - len(tail) + cut)
-            tail = tail[:cut]
-    lines = tail.splitlines()
-    if not lines:
-        return 0
+        end = f.seek(0, os.SEEK_END)
+        f.seek(max(end - 1, 0))
+        if end and f.read(1) != b"\n":
+            end = _line_start(f, end)
+            f.truncate(end)
+        if not end:
+            return 0
+        start = _line_start(f, end - 1)
+        f.seek(start)
+        line = f.read(end - start)
     try:
-        return int(json.loads(lines[-1])["position"])
+        return int(json.loads(line)["position"])
     except (ValueError, KeyError, TypeError) as error:
         raise ValueError(f"{path}: the last line is not an exported event ({error})") from None
+
+
+def _line_start(f: IO[bytes], end: int) -> int:
+    """The offset just after the last newline before ``end`` (0 if there is none)."""
+    position = end
+    while position > 0:
+        size = min(_CHUNK, position)
+        position -= size
+        f.seek(position)
+        newline = f.read(size).rfind(b"\n")
+        if newline >= 0:
+            return position + newline + 1
+    return 0
 
 
 def export(
@@ -70,6 +83,8 @@ def export(
     while not stop.is_set():
         batch = event_stream.next_batch(after, limit=EXPORT_BATCH, since_time=since_time)
         if batch:
+            if since_time is None and batch[0].position > after + 1:
+                done.pruned = done.pruned or (after + 1, batch[0].position - 1)
             out.write(b"".join(event.to_json() + b"\n" for event in batch))
             out.flush()
             if sync:

@@ -17,7 +17,7 @@ from typing import Any
 from agents_app.base import Agent, PermanentError, TaskCancelled, TaskContext
 
 from . import blobs
-from .blobs import PayloadBlobMissing
+from .blobs import PayloadBlobError, PayloadBlobUnavailable
 from .queries import ClaimedTask
 from .storable import storable_json, without_nul
 
@@ -95,9 +95,11 @@ def run_handler(flight: InFlight) -> Outcome | None:
     task, agent = flight.task, flight.agent
     try:
         payload = blobs.payload_of(task.payload, task.payload_ref)
-    except PayloadBlobMissing as error:
-        # The task fails with the reason; the worker goes on.
-        return failure(task, error, retryable=False, base_delay=agent.base_delay)
+    except PayloadBlobError as error:
+        # The task fails with the reason (retried if the storage may come back); the
+        # worker goes on.
+        retryable = isinstance(error, PayloadBlobUnavailable)
+        return failure(task, error, retryable=retryable, base_delay=agent.base_delay)
     context = TaskContext(
         id=task.id,
         agent_name=task.agent_name,

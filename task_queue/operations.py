@@ -368,7 +368,7 @@ def _readable_payload(payload: dict[str, Any], ref: str | None) -> dict[str, Any
     """For the audit diff: the blob's payload, or {} if the blob is gone."""
     try:
         return blobs.payload_of(payload, ref)
-    except blobs.PayloadBlobMissing:
+    except blobs.PayloadBlobError:
         return {}
 
 

@@ -1267,17 +1267,17 @@ WHERE bucket_seconds = 60 AND bucket_start < %(cutoff)s
 """
 
 
-# Stream events emitted before the cutoff, once every relay has relayed them (a
-# destination no longer used holds them until its cursor row is deleted). The newest
-# positioned event always stays: positions continue from it (SEQUENCE_EVENTS).
+# Positioned stream events emitted before the cutoff, once every relay has relayed
+# them (a destination no longer used holds them until its cursor row is deleted).
+# The newest positioned event always stays: positions continue from it
+# (SEQUENCE_EVENTS). Unpositioned ones stay for the sequencer (the maintenance loop
+# runs it before pruning).
 PRUNE_STREAM_EVENTS = """
 WITH doomed AS (
     SELECT seq FROM event_outbox
     WHERE emitted_at < %(cutoff)s
-      AND (position IS NULL OR position < (SELECT max(position) FROM event_outbox))
-      AND CASE WHEN EXISTS (SELECT FROM event_relay_cursors)
-               THEN position <= (SELECT min(position) FROM event_relay_cursors)
-               ELSE true END
+      AND position < (SELECT max(position) FROM event_outbox)
+      AND position <= COALESCE((SELECT min(position) FROM event_relay_cursors), position)
     ORDER BY emitted_at
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
@@ -1714,11 +1714,12 @@ def prune_publications(*, cutoff: datetime, batch: int) -> int:
 
 # ---------------------------------------------------------------- event stream
 
-# One sequencer at a time: positions are handed out in commit order of the
-# sequencers, so a reader never sees position n+1 before n exists.
+# One sequencer at a time: each run commits its positions before the next begins,
+# so a reader never sees position n+1 before n exists.
 EVENT_SEQUENCER_LOCK = 0x65767473  # "evts"
 
-# Committed events without a position get the next ones, in seq order. The run
+# Committed events without a position get the next ones, in seq order (an event
+# that commits after a run gets a position after that run's, whatever its seq). The run
 # must hold EVENT_SEQUENCER_LOCK and take its snapshot after it (a statement of its
 # own before this one). Positions continue from the highest: retention always keeps
 # the newest positioned event, so they never start again.
@@ -1789,10 +1790,13 @@ def relay_cursor(destination: str) -> int:
     return _rows(RELAY_CURSOR, {"destination": destination})[0][0]
 
 
+# An upsert: an operator may delete the cursor (admin) while its relay runs.
 ADVANCE_RELAY_CURSOR = """
-UPDATE event_relay_cursors
-SET position = %(position)s, relayed = relayed + %(relayed)s, updated_at = now()
-WHERE destination = %(destination)s AND position < %(position)s
+INSERT INTO event_relay_cursors (destination, position, relayed, updated_at)
+VALUES (%(destination)s, %(position)s, %(relayed)s, now())
+ON CONFLICT (destination) DO UPDATE
+SET position = greatest(event_relay_cursors.position, EXCLUDED.position),
+    relayed = event_relay_cursors.relayed + EXCLUDED.relayed, updated_at = now()
 """
 
 

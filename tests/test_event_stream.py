@@ -73,6 +73,11 @@ def test_lease_expiry_failure_revive_and_cancel_are_in_the_stream():
     operations.cancel([doomed], actor="user:op")
     refused = operations.enqueue("EchoAgent", "echo", {}).id
     fail_pending("EchoAgent", retryable=False)
+    # Cancelled while running, and its worker gone: the reaper ends it cancelled.
+    abandoned = operations.enqueue("EchoAgent", "echo", {}).id
+    claim_and_start("EchoAgent")
+    operations.cancel([abandoned], actor="user:op")
+    queries.reap_expired_leases(limit=10, now=timezone.now() + timedelta(hours=1))
 
     assert [e.kind for e in events_of(doomed)] == [
         "evt.task.created.v1",
@@ -84,6 +89,11 @@ def test_lease_expiry_failure_revive_and_cancel_are_in_the_stream():
     ]
     failed = events_of(refused)[-1]
     assert failed.kind == "evt.task.failed.v1" and failed.payload["to_status"] == "failed"
+    assert [e.kind for e in events_of(abandoned)][2:] == [
+        "evt.task.cancel_requested.v1",
+        "evt.task.lease_expired.v1",
+        "evt.task.cancelled.v1",
+    ]
 
 
 def test_a_rolled_back_change_writes_no_event():
@@ -157,6 +167,13 @@ def test_export_resumes_after_a_kill_with_no_repeat_and_no_gap(worker_processes,
                 if line.endswith(b"\n")]  # fmt: skip
 
     first = exporter()
+    # A second exporter, to a file of its own, sequences events concurrently.
+    other_output = tmp_path / "other.jsonl"
+    other = subprocess.Popen(
+        [sys.executable, "manage.py", "export_events", "--follow", "--poll", "0.01",
+         "--output", str(other_output)],
+        cwd=REPO, env=manage_env(), stderr=subprocess.PIPE,
+    )  # fmt: skip
     for _ in range(4):
         worker_processes("EchoAgent", "--concurrency", "4").wait_ready()
     ids = [t.id for t in operations.enqueue_many(
@@ -174,6 +191,14 @@ def test_export_resumes_after_a_kill_with_no_repeat_and_no_gap(worker_processes,
     wait_for(lambda: len(lines()) >= total, timeout=60, what="the exporter to catch up")
     second.send_signal(signal.SIGINT)
     assert second.wait(10) == 0, second.stderr.read().decode()
+    wait_for(
+        lambda: other_output.read_bytes().count(b"\n") >= total,
+        timeout=60,
+        what="the other exporter to catch up",
+    )
+    other.send_signal(signal.SIGINT)
+    assert other.wait(10) == 0, other.stderr.read().decode()
+    assert other_output.read_bytes() == output.read_bytes()
 
     exported = lines()
     assert [e["position"] for e in exported] == list(range(1, total + 1))

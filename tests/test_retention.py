@@ -124,8 +124,8 @@ def test_stream_events_go_once_old_and_relayed_keeping_the_newest():
     for _ in range(4):
         task()
     event_stream.sequence()
+    task()  # no position yet
     OutboxEvent.objects.update(emitted_at=queries.database_clock() - timedelta(days=30))
-    task()  # recent, not positioned yet
     EventRelayCursor.objects.create(destination="nats://x", position=2)
 
     assert retention.prune().stream_events == 2  # what the relay confirmed
@@ -133,7 +133,8 @@ def test_stream_events_go_once_old_and_relayed_keeping_the_newest():
         3, 4, None,
     ]  # fmt: skip
     EventRelayCursor.objects.all().delete()  # the destination is gone
-    assert retention.prune().stream_events == 1  # the newest positioned event stays
+    # The newest positioned event stays; so does the one without a position yet.
+    assert retention.prune().stream_events == 1
     event_stream.sequence()
     assert list(OutboxEvent.objects.order_by("seq").values_list("position", flat=True)) == [4, 5]
     assert RetentionRun.objects.order_by("-id").first().stream_events == 1

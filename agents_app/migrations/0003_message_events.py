@@ -4,7 +4,9 @@ from django.db import migrations, models
 # side and says why triggers): a message sent (with its payload, or the reference of
 # its blob), acknowledged or expired, and every publication as
 # evt.agent.<publisher type>.<event name>.v1 (seed 000 §4). Messages get payload_ref
-# (task_queue.blobs) too.
+# (task_queue.blobs) too. An envelope carries a message's or publication's payload up
+# to 64 KiB (null beyond: read the row, or the blob, by id), so that every envelope
+# fits a broker message (NATS: 1 MiB by default).
 RECORD_MESSAGE_EVENTS = """
 CREATE FUNCTION record_message_sent() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -16,7 +18,9 @@ BEGIN
                               'to_agent', n.to_agent, 'message_type', n.message_type,
                               'priority', n.priority, 'correlation_id', n.correlation_id,
                               'reply_to', n.reply_to, 'expires_at', n.expires_at,
-                              'payload', n.payload, 'payload_ref', n.payload_ref)
+                              'payload', CASE WHEN octet_length(n.payload::text) <= 65536
+                                              THEN n.payload END,
+                              'payload_ref', n.payload_ref)
     FROM new_rows n
     ORDER BY n.created_at, n.id;
     RETURN NULL;
@@ -48,7 +52,9 @@ BEGIN
                               'publisher_type', n.publisher_type,
                               'publication_type', n.publication_type,
                               'event_name', n.event_name, 'expires_at', n.expires_at,
-                              'payload', n.payload)
+                              'payload', CASE WHEN octet_length(n.payload::text) <= 65536
+                                              THEN n.payload END,
+                              'payload_bytes', octet_length(n.payload::text))
     FROM new_rows n
     ORDER BY n.id;
     RETURN NULL;

@@ -243,7 +243,7 @@ def task_edit(request: HttpRequest, task_id: UUID) -> HttpResponse:
     error = None
     try:
         current = blobs.payload_of(task.payload, task.payload_ref)
-    except blobs.PayloadBlobMissing as missing:
+    except blobs.PayloadBlobError as missing:
         current, error = {}, f"{missing}: write the payload anew"
     text = json.dumps(current, indent=2, ensure_ascii=False)
     if request.method == "POST" and editable:

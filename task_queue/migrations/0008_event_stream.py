@@ -15,7 +15,9 @@ from django.db import migrations, models
 #   that keeps the hot path to one write per attempt; this adds the second.)
 # - every history row: evt.task.<event>.v1 (completed, retry_scheduled, failed,
 #   dead, lease_expired, released, cancel_requested, cancelled, revived, updated);
-#   a lease expiry that ends the task dead is followed by evt.task.dead.v1 too.
+#   a lease expiry that ends the task (dead, or cancelled as requested) is followed by
+#   evt.task.dead.v1 or evt.task.cancelled.v1. Error messages are cut at 1,000
+#   characters: an envelope stays small (agents_app 0003 bounds message payloads).
 RECORD_TASK_EVENTS = """
 CREATE FUNCTION record_task_created() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -57,7 +59,7 @@ BEGIN
                'task_id', h.task_id, 'agent_type', t.agent_name, 'task_type', t.task_type,
                'attempt', h.attempt, 'agent_id', h.actor,
                'from_status', h.from_status, 'to_status', h.to_status,
-               'error_class', h.error->>'type', 'error', h.error->>'message',
+               'error_class', h.error->>'type', 'error', left(h.error->>'message', 1000),
                'next_attempt_at', h.detail->'retry_at',
                'backoff_ms', round(1000 * extract(epoch FROM
                    (h.detail->>'retry_at')::timestamptz - h.occurred_at)),
@@ -67,8 +69,8 @@ BEGIN
                                   THEN 'db://tasks/' || h.task_id || '/result' END))
     FROM new_rows h
     LEFT JOIN tasks t ON t.id = h.task_id
-    CROSS JOIN LATERAL (VALUES (h.event, 1), ('dead', 2)) AS e(event, n)
-    WHERE e.n = 1 OR (h.event = 'lease_expired' AND h.to_status = 'dead')
+    CROSS JOIN LATERAL (VALUES (h.event, 1), (h.to_status, 2)) AS e(event, n)
+    WHERE e.n = 1 OR (h.event = 'lease_expired' AND h.to_status IN ('dead', 'cancelled'))
     ORDER BY h.id, e.n;
     RETURN NULL;
 END $$;

@@ -8,7 +8,8 @@ The command's envelope::
                  "payload": {…}, "priority": 1, "max_attempts": 3,
                  "delay_seconds": 0, "workflow_id": null}}
 
-The task's idempotency key is ``cmd:<message_id>``: a redelivered command finds its
+The kind may also be written without its version, ``cmd.task.execute``, as seed 000
+§3 does. The task's idempotency key is ``cmd:<message_id>``: a redelivered command finds its
 task instead of making a second one, and the task's ``evt.task.created.v1`` names
 the command as its cause. Spec 001 §10 holds: only the orchestrator's side sends
 these; agents publish facts.

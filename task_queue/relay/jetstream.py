@@ -31,6 +31,7 @@ async def _log_error(error: Exception) -> None:
 
 class JetStreamBridge:
     # What an unreachable or restarting server raises: the relay reconnects.
+    # (TooManyStalledMsgsError, a publish waiting on the client's buffer, is one.)
     errors = (nats.errors.Error, OSError, asyncio.TimeoutError)
 
     def __init__(self, url: str, names: Names, *, confirm_timeout: float) -> None:
@@ -72,6 +73,7 @@ class JetStreamBridge:
                 self.names.subject(subject_for(event.kind)),
                 event.to_json(),
                 headers={"Nats-Msg-Id": str(event.message_id)},
+                wait_stall=self.confirm_timeout,
             )
             for event in events
         ]

@@ -85,6 +85,7 @@ class Relay:
         self.once = once
         self.consume_commands = consume_commands
         self.stats = RelayStats()
+        self.working = False  # since the last connect: a batch confirmed, or caught up
 
     async def run(self, stop: asyncio.Event) -> RelayStats:
         """Relay until ``stop`` is set (with ``once``: until nothing is pending)."""
@@ -95,13 +96,16 @@ class Relay:
         finally:
             with contextlib.suppress(Exception):
                 await self.bridge.close()
-            await _db(queries.relay_unlock)(self.destination)
+            # (On a lost database connection the lock went with it.)
+            with contextlib.suppress(Exception):
+                await _db(queries.relay_unlock)(self.destination)
         return self.stats
 
     async def _run_connected(self, stop: asyncio.Event) -> None:
         wait = RECONNECT_FIRST_SECONDS
         down_since: float | None = None
         while not stop.is_set():
+            self.working = False
             try:
                 await self.bridge.connect()
                 if down_since is not None:
@@ -111,10 +115,14 @@ class Relay:
                         self.stats.position,
                     )
                     down_since = None
-                wait = RECONNECT_FIRST_SECONDS
                 await self._relay(stop)
                 return
             except self.bridge.errors as error:
+                # Back off afresh only after a batch was confirmed (or the relay had
+                # caught up): an error that recurs right after connecting keeps
+                # doubling the wait instead of spinning.
+                if self.working:
+                    wait = RECONNECT_FIRST_SECONDS
                 if self.once:
                     raise BrokerUnavailable(
                         f"{self.destination}: {type(error).__name__}: {error}"
@@ -140,9 +148,14 @@ class Relay:
             self.stats.position = position
             reported = time.monotonic()
             while not stop.is_set():
+                if commands is not None and commands.done():
+                    commands.result()  # its error: reconnect (or, not a broker's, stop)
+                    if not self.once:
+                        raise ConnectionError("the command consumer stopped")
                 events = await _db(event_stream.next_batch)(position, limit=self.batch)
                 if events:
                     await self.bridge.publish(events)
+                    self.working = True
                     position = events[-1].position
                     await _db(queries.advance_relay_cursor)(
                         destination=self.destination, position=position, relayed=len(events)
@@ -161,8 +174,7 @@ class Relay:
                         continue
                 if self.once:
                     break
-                if commands is not None and commands.done():
-                    commands.result()  # its error: reconnect
+                self.working = True
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.poll_seconds)
             if commands is not None and self.once:

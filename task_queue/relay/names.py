@@ -33,7 +33,7 @@ class Names:
         return self._prefixed(subject, ".")
 
     # RabbitMQ: exchanges and queues carry the namespace; routing keys do not.
-    def exchange(self, name: str) -> str:  # grns.evt, grns.cmd, grns.dlq
+    def amqp(self, name: str) -> str:  # grns.evt, grns.cmd, grns.cmd.task.execute
         return self._prefixed(name, ".")
 
 

@@ -33,13 +33,17 @@ class RabbitMQBridge:
         self.channel = await self.connection.channel(publisher_confirms=True)
         declare = self.channel.declare_exchange
         topic = aio_pika.ExchangeType.TOPIC
-        self.events = await declare(self.names.exchange("grns.evt"), topic, durable=True)
-        self.commands = await declare(self.names.exchange("grns.cmd"), topic, durable=True)
-        self.dead_letters = await declare(self.names.exchange("grns.dlq"), topic, durable=True)
+        self.events = await declare(self.names.amqp("grns.evt"), topic, durable=True)
+        self.commands = await declare(self.names.amqp("grns.cmd"), topic, durable=True)
+        self.dead_letters = await declare(self.names.amqp("grns.dlq"), topic, durable=True)
 
     async def publish(self, events: Sequence[Envelope]) -> None:
-        """Publish in order (the channel sends in call order); return once the broker
-        confirmed every one (or raise)."""
+        """Publish in order; return once the broker confirmed every one (or raise).
+
+        The publishes start in list order (asyncio runs new tasks first in, first out)
+        and take the channel's lock, which is first in, first out, in that order. An
+        event no queue is bound for is dropped by RabbitMQ, as any topic exchange
+        does: bind a durable queue to ``evt.#`` before relaying."""
         confirms = [
             asyncio.ensure_future(
                 self.events.publish(
@@ -68,11 +72,9 @@ class RabbitMQBridge:
         routing key ``dlq.cmd.task.execute.v1`` and the reason in a header."""
         channel = await self.connection.channel()
         await channel.set_qos(prefetch_count=PREFETCH)
-        queue = await channel.declare_queue(
-            self.names.exchange("grns.cmd.task.execute"), durable=True
-        )
+        queue = await channel.declare_queue(self.names.amqp("grns.cmd.task.execute"), durable=True)
         for key in ("task.execute.v1", COMMAND_KIND):
-            await queue.bind(self.names.exchange("grns.cmd"), routing_key=key)
+            await queue.bind(self.names.amqp("grns.cmd"), routing_key=key)
         if drain:
             while (message := await queue.get(fail=False)) is not None:
                 await self._execute(message, handle)
@@ -80,6 +82,7 @@ class RabbitMQBridge:
         async with queue.iterator() as messages:
             async for message in messages:
                 await self._execute(message, handle)
+        raise ConnectionError("the command queue's channel closed")
 
     async def _execute(
         self,

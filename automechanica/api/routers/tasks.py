@@ -144,7 +144,7 @@ def get_task(request: HttpRequest, task_id: UUID):
     task = _task(task_id)
     try:
         task.payload = blobs.payload_of(task.payload, task.payload_ref)
-    except blobs.PayloadBlobMissing as error:
+    except blobs.PayloadBlobError as error:
         task.payload_error = str(error)
     return task
 

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.dateparse import parse_datetime
 
-from task_queue.event_export import export, resume_position
+from task_queue.event_export import Exported, export, resume_position
 
 
 class Command(BaseCommand):
@@ -46,17 +46,38 @@ class Command(BaseCommand):
             raise CommandError("--poll: must be more than 0")
         after = options["since"] or 0
         stop = threading.Event()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda *_: stop.set())
         run = {"since_time": since_time, "follow": options["follow"], "stop": stop}
         run["poll_seconds"] = options["poll"]
-        if not options["output"]:
+        handlers = {
+            signum: signal.signal(signum, lambda *_: stop.set())
+            for signum in (signal.SIGINT, signal.SIGTERM)
+        }
+        try:
+            done = self._export(options["output"], after, run)
+        finally:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+        if done.pruned:
+            first, last = done.pruned
+            self.stderr.write(
+                f"warning: positions {first}–{last} were pruned (retention) before this "
+                "export reached them"
+            )
+
+    def _export(self, output: str | None, after: int, run: dict[str, Any]) -> Exported:
+        if not output:
             done = export(sys.stdout.buffer, after=after, **run)
             self.stderr.write(f"exported {done.events} events")
-            return
-        path = Path(options["output"])
+            return done
+        path = Path(output)
         try:
-            after = max(after, resume_position(path))
+            resume = resume_position(path)
+            if resume and after > resume:
+                raise CommandError(
+                    f"--since {after}: {path} ends at position {resume}; appending from "
+                    f"{after} would leave a gap (use another file)"
+                )
+            after = max(after, resume)
             with path.open("ab") as out:
                 done = export(out, after=after, sync=True, **run)
         except (OSError, ValueError) as error:
@@ -67,6 +88,7 @@ class Command(BaseCommand):
             )
         else:
             self.stderr.write(f"no events after position {after}; {path} unchanged")
+        return done
 
 
 def _since_time(text: str | None) -> datetime | None:

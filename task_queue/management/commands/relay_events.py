@@ -14,6 +14,9 @@ from task_queue.relay.names import Names, destination_key
 
 logger = logging.getLogger("task_queue.relay")
 
+# Under nats-py's 4,000 unconfirmed publishes, so a batch never waits on the client.
+MAX_BATCH = 2000
+
 # scheme → (bridge module and class, the extra that installs its client)
 BRIDGES = {
     "nats": ("task_queue.relay.jetstream", "JetStreamBridge", "nats"),
@@ -38,7 +41,9 @@ class Command(BaseCommand):
             action="store_true",
             help="also turn cmd.task.execute.v1 commands into tasks (idempotent by message_id)",
         )
-        parser.add_argument("--batch", type=int, default=500, help="events per confirmed batch")
+        parser.add_argument(
+            "--batch", type=int, default=500, help=f"events per confirmed batch (1–{MAX_BATCH})"
+        )
         parser.add_argument(
             "--poll", type=float, default=0.2, help="seconds between looks when idle"
         )
@@ -59,8 +64,10 @@ class Command(BaseCommand):
         scheme = urlsplit(url).scheme
         if scheme not in BRIDGES:
             raise CommandError(f"--to: expected nats://… or amqp://…, got {url!r}")
-        if options["batch"] < 1 or options["poll"] <= 0 or options["confirm_timeout"] <= 0:
-            raise CommandError("--batch, --poll and --confirm-timeout must be more than 0")
+        if not 1 <= options["batch"] <= MAX_BATCH:
+            raise CommandError(f"--batch: from 1 to {MAX_BATCH}")
+        if options["poll"] <= 0 or options["confirm_timeout"] <= 0:
+            raise CommandError("--poll and --confirm-timeout must be more than 0")
         namespace = options["namespace"]
         if namespace and not re.fullmatch(r"[A-Za-z0-9_-]+", namespace):
             raise CommandError("--namespace: letters, digits, _ and - only")

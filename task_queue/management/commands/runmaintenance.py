@@ -4,7 +4,8 @@ Each pass gives back tasks whose lease expired and forgets workers that stopped
 heartbeating (the reaper, which workers run too, so it keeps going when no
 maintenance process is up), computes the metric rollups of the buckets that
 closed (``task_queue.metrics``), asks the AnalyticsAgent for yesterday's report once
-that day is rolled up (``agents_app.analytics``), and prunes what is past its retention
+that day is rolled up (``agents_app.analytics``), and, once a minute, gives the event
+stream's new events their positions and prunes what is past its retention
 (``task_queue.retention``). Each job runs in one process at a time across the
 cluster, by advisory lock.
 """
@@ -23,7 +24,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError, close_old_connections
 
 from agents_app import analytics
-from task_queue import metrics, reaper, retention
+from task_queue import event_stream, metrics, reaper, retention
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,9 @@ class Command(BaseCommand):
                 if analytics.schedule_daily_report():
                     self.stdout.write("asked the AnalyticsAgent for yesterday's report")
                 if time.monotonic() - pruned_at >= retention.EVERY_SECONDS:
+                    # Positions for the stream, even with no reader running, so that
+                    # retention only ever keeps back events committed a moment ago.
+                    event_stream.sequence()
                     retention.prune()
                     pruned_at = time.monotonic()
             except DatabaseError as error:
