@@ -77,8 +77,11 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(live_servers
         "true",
         "--generation-database",
         "none",
+        # One thread: Python 3.11.7's ast.parse (which hypothesis calls to describe its
+        # strategies) can raise a spurious SystemError when two threads parse at once
+        # (CPython gh-106905, fixed in later releases); it failed one CI run here.
         "--workers",
-        "2",
+        "1",
         "--no-color",
     ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)

@@ -11,8 +11,9 @@ from django.db import migrations, models
 # - creation: the event's message_id is the task's id, so every later event of the
 #   task names it as its cause (causation_id) without a lookup. A task made from a
 #   broker command (idempotency key "cmd:<message_id>") names that command as cause.
-# - claim: a new lease token on a leased task. (The claim writes no history row:
-#   that keeps the hot path to one write per attempt; this adds the second.)
+# - claim and start: a new lease token on a leased task (evt.task.claimed.v1), and a
+#   leased task set running by its worker (evt.task.started.v1). Neither writes a
+#   history row, which keeps the hot path to one write per attempt; these add two.
 # - every history row: evt.task.<event>.v1 (completed, retry_scheduled, failed,
 #   dead, lease_expired, released, cancel_requested, cancelled, revived, updated);
 #   a lease expiry that ends the task (dead, or cancelled as requested) is followed by
@@ -35,16 +36,19 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE FUNCTION record_task_claimed() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION record_task_leases() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO event_outbox (kind, trace_id, causation_id, subject_id, emitted_at,
                               payload)
-    SELECT 'evt.task.claimed.v1', n.trace_id, n.id::text, n.id::text, n.updated_at,
+    SELECT CASE n.status WHEN 'leased' THEN 'evt.task.claimed.v1'
+                         ELSE 'evt.task.started.v1' END,
+           n.trace_id, n.id::text, n.id::text, n.updated_at,
            jsonb_build_object('task_id', n.id, 'agent_type', n.agent_name,
                               'agent_id', n.lease_owner, 'attempt', n.attempts + 1,
                               'lease_until', n.lease_expires_at)
     FROM new_rows n JOIN old_rows o ON o.id = n.id
-    WHERE n.status = 'leased' AND n.lease_token IS DISTINCT FROM o.lease_token
+    WHERE (n.status = 'leased' AND n.lease_token IS DISTINCT FROM o.lease_token)
+       OR (n.status = 'running' AND o.status = 'leased')
     ORDER BY n.id;
     RETURN NULL;
 END $$;
@@ -78,9 +82,9 @@ END $$;
 CREATE TRIGGER tasks_record_created AFTER INSERT ON tasks
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION record_task_created();
-CREATE TRIGGER tasks_record_claimed AFTER UPDATE ON tasks
+CREATE TRIGGER tasks_record_leases AFTER UPDATE ON tasks
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION record_task_claimed();
+    FOR EACH STATEMENT EXECUTE FUNCTION record_task_leases();
 CREATE TRIGGER task_history_record_events AFTER INSERT ON task_history
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION record_task_history();
@@ -88,10 +92,10 @@ CREATE TRIGGER task_history_record_events AFTER INSERT ON task_history
 
 DROP_TASK_EVENTS = """
 DROP TRIGGER tasks_record_created ON tasks;
-DROP TRIGGER tasks_record_claimed ON tasks;
+DROP TRIGGER tasks_record_leases ON tasks;
 DROP TRIGGER task_history_record_events ON task_history;
 DROP FUNCTION record_task_created();
-DROP FUNCTION record_task_claimed();
+DROP FUNCTION record_task_leases();
 DROP FUNCTION record_task_history();
 """
 
