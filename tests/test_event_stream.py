@@ -126,6 +126,11 @@ def test_messages_and_publications_are_in_the_stream():
     [published] = events_of(publication_id)
     assert published.kind == "evt.agent.PricingAgent.price.changed.v1"
     assert published.payload["payload"] == {"sku": "A1"}
+    # A large publication: the envelope says how large, and stays small itself.
+    large_id, _ = pubsub.publish("pricer-1", "feed.loaded", {"rows": "x" * 70_000})
+    [large] = events_of(large_id)
+    assert large.payload["payload"] is None and large.payload["payload_bytes"] > 70_000
+    assert len(large.to_json()) < 2000
 
 
 @pytest.mark.django_db(transaction=True)
