@@ -62,14 +62,14 @@ def manage_env() -> dict[str, str]:
     }
 
 
-class WorkerProcess:
-    """A ``manage.py runworker`` subprocess with its log in a file."""
+class ManageProcess:
+    """A ``manage.py COMMAND`` subprocess on the test database, its log in a file."""
 
-    def __init__(self, args: list[str], log_path: Path) -> None:
+    def __init__(self, command: str, args: list[str], log_path: Path) -> None:
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "runworker", *args],
+            [sys.executable, "manage.py", command, *args],
             cwd=REPO,
             env=manage_env(),
             stdout=self._log,
@@ -79,6 +79,32 @@ class WorkerProcess:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def wait(self, timeout: float = 60) -> int:
+        return self.process.wait(timeout)
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(10)
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.kill()
+        self._log.close()
+
+
+class WorkerProcess(ManageProcess):
+    """A ``manage.py runworker`` subprocess."""
+
+    def __init__(self, args: list[str], log_path: Path) -> None:
+        super().__init__("runworker", args, log_path)
 
     @property
     def worker_id(self) -> str:
@@ -98,22 +124,6 @@ class WorkerProcess:
             raise AssertionError(f"worker exited with {self.process.returncode}:\n{self.log()}")
         return True
 
-    def signal(self, signum: int) -> None:
-        self.process.send_signal(signum)
-
-    def wait(self, timeout: float = 60) -> int:
-        return self.process.wait(timeout)
-
-    def log(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
-        self._log.close()
-
 
 @pytest.fixture
 def worker_processes(transactional_db, tmp_path) -> Iterator[Callable[..., WorkerProcess]]:
@@ -128,6 +138,22 @@ def worker_processes(transactional_db, tmp_path) -> Iterator[Callable[..., Worke
     yield start
     for worker in started:
         worker.stop()
+
+
+@pytest.fixture
+def manage_processes(transactional_db, tmp_path) -> Iterator[Callable[..., ManageProcess]]:
+    """Start any ``manage.py`` command as a subprocess; all are killed after."""
+    started: list[ManageProcess] = []
+
+    def start(command: str, *args: str) -> ManageProcess:
+        started.append(
+            ManageProcess(command, list(args), tmp_path / f"{command}-{len(started)}.log")
+        )
+        return started[-1]
+
+    yield start
+    for process in started:
+        process.stop()
 
 
 @pytest.fixture

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 from datetime import timedelta
+from pathlib import Path
 from uuid import UUID
 
 import psycopg
@@ -19,8 +18,8 @@ from django.utils import timezone
 from agents_app import messaging, pubsub
 from task_queue import event_stream, operations, queries
 from task_queue.models import OutboxEvent
-from tests.conftest import REPO, manage_env, wait_for
 from tests.conftest import test_database_url as database_url
+from tests.conftest import wait_for
 from tests.support.queue import claim_and_start, complete_pending, fail_pending
 
 pytestmark = pytest.mark.django_db
@@ -156,18 +155,16 @@ def test_an_event_committed_late_is_read_after_the_reader_passed_its_seq():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_export_resumes_after_a_kill_with_no_repeat_and_no_gap(worker_processes, tmp_path):
+def test_export_resumes_after_a_kill_with_no_repeat_and_no_gap(
+    worker_processes, manage_processes, tmp_path
+):
     """Four workers change tasks while an exporter follows, is SIGKILLed mid-stream
     and restarted: the file ends with every event once, positions 1..N in order, and
     each task's events in the order they happened."""
     output = tmp_path / "events.jsonl"
 
-    def exporter() -> subprocess.Popen:
-        return subprocess.Popen(
-            [sys.executable, "manage.py", "export_events", "--follow", "--poll", "0.05",
-             "--output", str(output)],
-            cwd=REPO, env=manage_env(), stderr=subprocess.PIPE,
-        )  # fmt: skip
+    def exporter(to: Path, poll: str = "0.05"):
+        return manage_processes("export_events", "--follow", "--poll", poll, "--output", str(to))
 
     def lines() -> list[dict]:
         if not output.exists():
@@ -175,22 +172,17 @@ def test_export_resumes_after_a_kill_with_no_repeat_and_no_gap(worker_processes,
         return [json.loads(line) for line in output.read_bytes().splitlines(keepends=True)
                 if line.endswith(b"\n")]  # fmt: skip
 
-    first = exporter()
+    first = exporter(output)
     # A second exporter, to a file of its own, sequences events concurrently.
     other_output = tmp_path / "other.jsonl"
-    other = subprocess.Popen(
-        [sys.executable, "manage.py", "export_events", "--follow", "--poll", "0.01",
-         "--output", str(other_output)],
-        cwd=REPO, env=manage_env(), stderr=subprocess.PIPE,
-    )  # fmt: skip
+    other = exporter(other_output, poll="0.01")
     for _ in range(4):
         worker_processes("EchoAgent", "--concurrency", "4").wait_ready()
     ids = [t.id for t in operations.enqueue_many(
         [operations.TaskSpec("EchoAgent", "echo", {}) for _ in range(400)])]  # fmt: skip
     wait_for(lambda: len(lines()) >= 300, timeout=60, what="the exporter to write 300 events")
     first.kill()
-    first.wait(10)
-    second = exporter()
+    second = exporter(output)
     wait_for(
         lambda: OutboxEvent.objects.filter(kind="evt.task.completed.v1").count() == 400,
         timeout=120,
@@ -198,15 +190,15 @@ def test_export_resumes_after_a_kill_with_no_repeat_and_no_gap(worker_processes,
     )
     total = OutboxEvent.objects.count()
     wait_for(lambda: len(lines()) >= total, timeout=60, what="the exporter to catch up")
-    second.send_signal(signal.SIGINT)
-    assert second.wait(10) == 0, second.stderr.read().decode()
+    second.signal(signal.SIGINT)
+    assert second.wait(10) == 0, second.log()
     wait_for(
         lambda: other_output.read_bytes().count(b"\n") >= total,
         timeout=60,
         what="the other exporter to catch up",
     )
-    other.send_signal(signal.SIGINT)
-    assert other.wait(10) == 0, other.stderr.read().decode()
+    other.signal(signal.SIGINT)
+    assert other.wait(10) == 0, other.log()
     assert other_output.read_bytes() == output.read_bytes()
 
     exported = lines()

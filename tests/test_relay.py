@@ -11,9 +11,9 @@ import contextlib
 import importlib.util
 import json
 import shutil
+import signal
 import socket
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +23,7 @@ import pytest
 from task_queue import operations
 from task_queue.models import EventRelayCursor, OutboxEvent, Task
 from task_queue.relay.names import destination_key
-from tests.conftest import REPO, manage_env, wait_for
+from tests.conftest import ManageProcess, wait_for
 from tests.support.queue import complete_pending
 
 NATS_URL = "nats://127.0.0.1:4222"
@@ -57,43 +57,14 @@ needs_nats = _needs("nats", "nats", 4222, "NATS server")
 needs_rabbitmq = _needs("aio_pika", "amqp", 5672, "RabbitMQ")
 
 
-class Relay:
-    """A ``manage.py relay_events`` subprocess with its log in a file."""
-
-    def __init__(self, url: str, namespace: str, log: Path, *args: str) -> None:
-        self.log_path = log
-        self._log = open(log, "wb")  # noqa: SIM115 - closed in wait()
-        self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "relay_events", "--to", url,
-             "--namespace", namespace, *args],
-            cwd=REPO, env=manage_env(), stdout=self._log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-
-    def wait(self, timeout: float = 60) -> int:
-        code = self.process.wait(timeout)
-        self._log.close()
-        return code
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.wait()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
 @pytest.fixture
-def relays(tmp_path) -> Iterator[Callable[..., Relay]]:
-    started: list[Relay] = []
+def relays(manage_processes) -> Callable[..., ManageProcess]:
+    """``relay_events --to URL --namespace NS ...`` subprocesses."""
 
-    def start(url: str, namespace: str, *args: str) -> Relay:
-        started.append(Relay(url, namespace, tmp_path / f"relay-{len(started)}.log", *args))
-        return started[-1]
+    def start(url: str, namespace: str, *args: str) -> ManageProcess:
+        return manage_processes("relay_events", "--to", url, "--namespace", namespace, *args)
 
-    yield start
-    for relay in started:
-        if relay.process.poll() is None:
-            relay.kill()
+    return start
 
 
 def make_events(tasks: int) -> list[str]:
@@ -131,7 +102,7 @@ def check_delivery(bodies: list[bytes]) -> None:
     assert all(e["position"] == expected[uuid.UUID(e["message_id"])] for e in received)
 
 
-def kill_mid_stream_and_restart(relays, url: str, namespace: str) -> Relay:
+def kill_mid_stream_and_restart(relays, url: str, namespace: str) -> ManageProcess:
     """Relay in small batches, SIGKILL the relay part-way, restart it, and wait until
     it has relayed everything; returns the running second relay."""
     make_events(300)
@@ -216,7 +187,7 @@ def nats_namespace() -> Iterator[str]:
 @needs_nats
 def test_nats_relay_killed_mid_stream_delivers_every_event_in_order(relays, nats_namespace):
     second = kill_mid_stream_and_restart(relays, NATS_URL, nats_namespace)
-    second.process.terminate()
+    second.signal(signal.SIGTERM)
     assert second.wait() == 0, second.log()
     messages = nats_messages(nats_namespace, "GRNS_EVT")
     check_delivery([m.data for m in messages])
@@ -307,7 +278,7 @@ def rabbitmq_namespace() -> Iterator[str]:
 def test_rabbitmq_relay_killed_mid_stream_delivers_every_event_in_order(relays, rabbitmq_namespace):
     observed = rabbitmq_queue(rabbitmq_namespace, "grns.evt", "evt.#")
     second = kill_mid_stream_and_restart(relays, AMQP_URL, rabbitmq_namespace)
-    second.process.terminate()
+    second.signal(signal.SIGTERM)
     assert second.wait() == 0, second.log()
     messages = rabbitmq_messages(observed)
     check_delivery([m.body for m in messages])
@@ -398,7 +369,7 @@ def test_relay_rides_out_a_broker_restart(relays, tmp_path):
             what="everything relayed after the restart",
         )
         assert "broker back after" in relay.log()
-        relay.process.terminate()
+        relay.signal(signal.SIGTERM)
         assert relay.wait() == 0, relay.log()
         check_delivery([m.data for m in nats_messages("restart", "GRNS_EVT", url)])
     finally:
@@ -420,5 +391,5 @@ def test_one_relay_per_destination(relays, nats_namespace):
     assert f"another relay_events is relaying to nats://127.0.0.1:4222#{nats_namespace}" in (
         second.log()
     )
-    running.process.terminate()
+    running.signal(signal.SIGTERM)
     assert running.wait() == 0
