@@ -13,6 +13,7 @@ from typing import Any
 
 from task_queue import metrics, queries
 from task_queue.models import HISTOGRAM_BOUNDS, TaskHistory, TaskQueueMetric
+from task_queue.operations import TaskSpec, enqueue_many
 
 from .models import DailyReport
 
@@ -221,8 +222,6 @@ def schedule_daily_report(*, now: datetime | None = None) -> bool:
     """Enqueue yesterday's report once its day rollup exists; True if this call made
     the task. The idempotency key is the day, so two schedulers (or two maintenance
     processes) never make two."""
-    from task_queue.operations import TaskSpec, enqueue_many
-
     clock = now or queries.database_clock()
     yesterday = clock.astimezone(UTC).date() - timedelta(days=1)
     today_start, _ = day_bounds(clock.astimezone(UTC).date())
@@ -234,3 +233,10 @@ def schedule_daily_report(*, now: datetime | None = None) -> bool:
     spec = TaskSpec("AnalyticsAgent", "daily_report", {"day": yesterday.isoformat()},
                     idempotency_key=key)  # fmt: skip
     return enqueue_many([spec])[0].created
+
+
+def daily_report_job() -> str | None:
+    """The maintenance job: ask for yesterday's report once it can be written."""
+    if schedule_daily_report():
+        return "asked the AnalyticsAgent for yesterday's report"
+    return None

@@ -8,6 +8,9 @@ class AgentsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import registry
+        from task_queue import maintenance
 
-        registry.load_agent_modules()
+        from . import analytics
+
+        # Run by the queue's maintenance loop, which cannot import this app.
+        maintenance.register("daily report", analytics.daily_report_job)

@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "task_queue",
     "workflows",
     "agents_app",
+    "automechanica",
     "automechanica.api",
     "automechanica.dashboard",
     "django_htmx",
@@ -165,7 +166,7 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
 }
 
-# Modules whose import registers agents (agents_app.registry). Extra modules, such as
+# Modules whose import registers agents (task_queue.registry). Extra modules, such as
 # a deployment's own agents or the test suite's, come from the environment.
 AGENT_MODULES = [
     "agents_app.agents.echo",

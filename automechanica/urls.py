@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 from automechanica.api.main import api
-from task_queue.prometheus import metrics_view
+from automechanica.metrics_view import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -21,9 +21,7 @@ from django.urls import reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
-from agents_app import registry
-
-from . import audit, operations, queries
+from . import audit, operations, queries, registry
 from .models import (
     PRIORITY_MAX,
     PRIORITY_MIN,

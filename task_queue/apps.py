@@ -1,5 +1,4 @@
 from django.apps import AppConfig
-from django.core import checks
 from django.db.models.signals import pre_migrate
 
 
@@ -12,8 +11,12 @@ class TaskQueueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from .checks import metrics_allowed_networks
+        from . import maintenance_jobs, registry
         from .signals import require_pgvector
 
+        # The agents live in higher layers (agents_app, or a deployment's own modules):
+        # settings.AGENT_MODULES names them, and importing them registers them here.
+        registry.load_agent_modules()
+        maintenance_jobs.register()
+
         pre_migrate.connect(require_pgvector, sender=self, dispatch_uid="require_pgvector")
-        checks.register(metrics_allowed_networks)

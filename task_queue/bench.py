@@ -32,7 +32,7 @@ import psutil
 from django.conf import settings
 from django.db import connection, transaction
 
-from workflows.models import Workflow
+from task_queue.models import Workflow
 
 from . import queries
 from .models import Worker

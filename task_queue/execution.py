@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from agents_app.base import Agent, PermanentError, TaskCancelled, TaskContext
-
 from . import blobs
+from .agent import Agent, PermanentError, TaskCancelled, TaskContext
 from .blobs import PayloadBlobError, PayloadBlobUnavailable
 from .queries import ClaimedTask
 from .storable import storable_json, without_nul

@@ -21,9 +21,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import transaction
 
-from agents_app import registry
-
-from . import audit, blobs, queries
+from . import audit, blobs, queries, registry
 from .models import (
     MAX_ATTEMPTS_LIMIT,
     PRIORITY_MAX,
@@ -32,6 +30,7 @@ from .models import (
     PausedAgent,
     Priority,
     Task,
+    Workflow,
 )
 from .storable import storable_json, text_problem
 
@@ -151,8 +150,6 @@ def enqueue_many(
 
 
 def _check_workflows(rows: list[dict[str, Any]], prefix: str, indexed: bool) -> None:
-    from workflows.models import Workflow
-
     wanted = {row["workflow_id"] for row in rows if row["workflow_id"]}
     if not wanted:
         return

@@ -1,4 +1,5 @@
-"""``GET /metrics``: the queue in the Prometheus text format, computed at each scrape.
+"""The queue in the Prometheus text format, computed at each scrape (served as
+``GET /metrics`` by ``automechanica.metrics_view``).
 
 - ``automechanica_tasks{agent,status}``: tasks by status (completed and cancelled
   estimated on a large table, as on the dashboard);
@@ -8,24 +9,17 @@
 - ``automechanica_task_queue_wait_seconds`` and ``automechanica_task_run_seconds``
   histograms per agent, likewise;
 - ``automechanica_workers_alive{agent}`` and ``automechanica_oldest_pending_age_seconds{agent}``.
-
-Who may scrape: a client from ``METRICS_ALLOWED_NETWORKS`` (none by default), or one
-sending an API token (``Authorization: Bearer``, any scope), or a staff session.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from functools import wraps
+from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
-from django.views.decorators.http import require_safe
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -34,10 +28,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from agents_app import registry
-from automechanica.api.auth import token_or_staff
-
-from . import metrics, queries, stats
+from . import metrics, queries, registry, stats
 from .models import HISTOGRAM_BOUNDS, TaskStatus, Worker
 
 COUNTERS = ("created", "completed", "failed", "dead", "retried", "cancelled")
@@ -149,47 +140,8 @@ def _cumulative(slot_counts: list[int]) -> list[tuple[str, int]]:
     return buckets
 
 
-def _scrapers_only(view: Callable[[HttpRequest], HttpResponse]) -> Callable[..., HttpResponse]:
-    """An allowed network, or else a token or staff session (``token_or_staff``).
-
-    The network is the one of ``REMOTE_ADDR``, the peer of this server: behind a
-    reverse proxy that is the proxy, so allow only networks whose every client may
-    scrape, never the proxy's own address.
-    """
-    guarded = token_or_staff(view)
-
-    @wraps(view)
-    def check(request: HttpRequest) -> HttpResponse:
-        if _from_allowed_network(request.META.get("REMOTE_ADDR", "")):
-            return view(request)
-        return guarded(request)
-
-    return check
-
-
-def _from_allowed_network(address: str) -> bool:
-    try:
-        client = ipaddress.ip_address(address)
-    except ValueError:  # not an IP address (a unix socket): not an allowed network
-        return False
-    return any(client in network for network in allowed_networks())
-
-
-def allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    """``METRICS_ALLOWED_NETWORKS`` parsed. A bad entry allows nothing here; it is a
-    configuration error that the system check (task_queue.checks) reports at start."""
-    networks = []
-    for entry in settings.METRICS_ALLOWED_NETWORKS:
-        try:
-            networks.append(ipaddress.ip_network(entry, strict=False))
-        except ValueError:
-            continue
-    return networks
-
-
-@require_safe
-@_scrapers_only
-def metrics_view(request: HttpRequest) -> HttpResponse:
+def exposition() -> bytes:
+    """The queue's metrics in the Prometheus text format (``CONTENT_TYPE_LATEST``)."""
     metrics = CollectorRegistry(auto_describe=False)
     metrics.register(QueueCollector())
-    return HttpResponse(generate_latest(metrics), content_type=CONTENT_TYPE_LATEST)
+    return generate_latest(metrics)

@@ -30,9 +30,7 @@ from uuid import UUID
 import psutil
 from django.db import DatabaseError, connection, transaction
 
-from agents_app import registry
-
-from . import queries, reaper
+from . import queries, reaper, registry
 from .execution import InFlight, StopReason, deadline_for, run_handler, timed_out
 from .notifications import Listener
 from .outcomes import OutcomeWriter

@@ -4,8 +4,8 @@ import uuid
 
 import pytest
 
-from agents_app.base import InvalidPayload, TaskContext
-from agents_app.registry import get
+from task_queue.agent import InvalidPayload, TaskContext
+from task_queue.registry import get
 
 
 def run(agent, task_type, payload):

@@ -1,16 +1,14 @@
-"""Workflows: the units of orchestrated work, parents of the tasks an orchestrator creates.
+"""The orchestrator's view of workflows: their derived status, and the admin's model.
 
-A workflow's status is not stored: it follows from its tasks (``workflows.progress``),
-so it is never stale and the worker's completion path never writes a workflow row.
-What is stored is what the tasks cannot say: whether the orchestrator will add more
-tasks (``open``) and whether an operator cancelled it.
+The table and its model live in the queue (``task_queue.models.Workflow``), which acts
+on workflows when it enqueues, cancels and prunes. ``Workflow`` here is a proxy of it,
+so that the admin's pages and the ``workflows.*_workflow`` permissions keep the names
+they had when the model lived in this app.
 """
 
-import uuid
-
-from django.contrib.postgres.functions import RandomUUID
 from django.db import models
-from django.db.models.functions import Now
+
+from task_queue.models import Workflow as QueueWorkflow
 
 
 class WorkflowStatus(models.TextChoices):
@@ -21,21 +19,7 @@ class WorkflowStatus(models.TextChoices):
     CANCELLED = "cancelled"
 
 
-class Workflow(models.Model):
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, db_default=RandomUUID())
-    name = models.TextField()
-    metadata = models.JSONField(default=dict, blank=True)
-    # An open workflow expects more tasks (an orchestrator adds each step as the steps
-    # before it complete), so it is not completed while open, even if all its tasks are.
-    open = models.BooleanField(default=False, db_default=False)
-    cancelled_at = models.DateTimeField(null=True, blank=True)
-    trace_id = models.TextField(null=True, blank=True)
-    created_at = models.DateTimeField(db_default=Now())
-    updated_at = models.DateTimeField(db_default=Now())
-
+class Workflow(QueueWorkflow):
     class Meta:
-        db_table = "workflows"
-        ordering = ["-created_at", "-id"]
-
-    def __str__(self) -> str:
-        return self.name
+        proxy = True
+        verbose_name = "workflow"

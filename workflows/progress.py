@@ -13,9 +13,9 @@ from uuid import UUID
 
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 
-from task_queue.models import Task, TaskStatus
+from task_queue.models import Task, TaskStatus, Workflow
 
-from .models import Workflow, WorkflowStatus
+from .models import WorkflowStatus
 
 ATTENTION = (TaskStatus.DEAD, TaskStatus.FAILED)
 DONE = (TaskStatus.COMPLETED, TaskStatus.CANCELLED)

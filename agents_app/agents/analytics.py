@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import date
 from typing import Any
 
+from task_queue.agent import Agent, InvalidPayload, TaskContext
+from task_queue.registry import register
+
 from ..analytics import build_daily_report
-from ..base import Agent, InvalidPayload, TaskContext
 from ..models import DailyReport
-from ..registry import register
 
 
 @register

@@ -2,8 +2,8 @@
 
 from typing import Any
 
-from ..base import Agent, InvalidPayload, PermanentError, TaskContext
-from ..registry import register
+from task_queue.agent import Agent, InvalidPayload, PermanentError, TaskContext
+from task_queue.registry import register
 
 
 class TransientEchoError(Exception):

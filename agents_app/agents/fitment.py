@@ -24,9 +24,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ..base import Agent, InvalidPayload, TaskContext, require
+from task_queue.agent import Agent, InvalidPayload, TaskContext, require
+from task_queue.registry import register
+
 from ..parts import CATEGORY_LABELS
-from ..registry import register
 
 CATALOGUE = Path(__file__).resolve().parent.parent / "data" / "vehicles.json"
 

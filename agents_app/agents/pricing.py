@@ -23,8 +23,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from ..base import Agent, InvalidPayload, TaskContext, require
-from ..registry import register
+from task_queue.agent import Agent, InvalidPayload, TaskContext, require
+from task_queue.registry import register
 
 DEFAULT_RULES = {
     "target_margin_pct": {"default": 35},

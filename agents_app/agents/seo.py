@@ -16,9 +16,10 @@ import re
 import unicodedata
 from typing import Any
 
-from ..base import Agent, InvalidPayload, TaskContext, require
+from task_queue.agent import Agent, InvalidPayload, TaskContext, require
+from task_queue.registry import register
+
 from ..parts import CATEGORY_LABELS
-from ..registry import register
 
 TITLE_MAX = 60
 DESCRIPTION_MAX = 155

@@ -22,8 +22,8 @@ import re
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any
 
-from ..base import Agent, TaskContext, require
-from ..registry import register
+from task_queue.agent import Agent, TaskContext, require
+from task_queue.registry import register
 
 ALIASES = {
     "sku": ("sku", "part_no", "part_number", "partnumber", "item_number", "item"),

@@ -12,7 +12,7 @@ from django import forms
 from django.db.models import QuerySet, TextField
 from django.db.models.functions import Cast
 
-from agents_app import registry
+from task_queue import registry
 from task_queue.models import REVIVABLE_STATUSES, Task
 
 

@@ -12,8 +12,7 @@ from django.core.paginator import Paginator
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from task_queue.models import REVIVABLE_STATUSES, OperatorAction, Task, TaskStatus
-from workflows.models import Workflow
+from task_queue.models import REVIVABLE_STATUSES, OperatorAction, Task, TaskStatus, Workflow
 from workflows.progress import progress_of, status_of
 
 from . import charts

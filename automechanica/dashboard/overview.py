@@ -17,8 +17,7 @@ from django.db.models import Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from agents_app import registry
-from task_queue import operations, queries, stats
+from task_queue import operations, queries, registry, stats
 from task_queue.models import PausedAgent, RetentionRun, TaskStatus, Worker
 
 CHART_MINUTES = 60

@@ -23,12 +23,10 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET, require_POST
 
-from agents_app import registry
 from agents_app.memory import similar_events, task_text
-from task_queue import blobs, operations, queries
+from task_queue import blobs, operations, queries, registry
 from task_queue.audit import user_actor
-from task_queue.models import OperatorAction, Task, TaskStatus
-from workflows.models import Workflow
+from task_queue.models import OperatorAction, Task, TaskStatus, Workflow
 
 from . import fragments
 from .deadletter import DeadLetterFilter

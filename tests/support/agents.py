@@ -4,8 +4,8 @@ from typing import Any
 
 from django.db import connection
 
-from agents_app.base import Agent, TaskContext
-from agents_app.registry import register
+from task_queue.agent import Agent, TaskContext
+from task_queue.registry import register
 
 RUNS_TABLE = "test_task_runs"
 CREATE_RUNS_TABLE = f"""

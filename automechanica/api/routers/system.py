@@ -7,8 +7,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Router
 
-from agents_app import registry
-from task_queue import queries
+from task_queue import queries, registry
 from task_queue.models import TaskStatus, Worker
 from task_queue.stats import queue_stats
 

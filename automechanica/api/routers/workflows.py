@@ -13,9 +13,8 @@ from ninja import Router, Status
 from pydantic import Field
 
 from task_queue import operations
-from task_queue.models import Task, TaskStatus
+from task_queue.models import Task, TaskStatus, Workflow
 from task_queue.storable import storable_json
-from workflows.models import Workflow
 from workflows.progress import progress_of, status_of, with_status
 
 from ..auth import READ, WRITE

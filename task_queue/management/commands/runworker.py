@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agents_app import registry
+from task_queue import registry
 from task_queue.worker import Worker, WorkerConfig
 
 logger = logging.getLogger("task_queue.worker")

@@ -12,8 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from agents_app import registry
-from task_queue import queries
+from task_queue import queries, registry
 
 BATCH = 100_000
 

@@ -24,9 +24,9 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from agents_app import registry
 from automechanica.api.models import ApiToken
 from automechanica.api.tokens import create_token
+from task_queue import registry
 from workflows.orchestrator.client import TOKEN_VARIABLE
 
 DEMO_TOKEN_NAME = "demo orchestrator"

@@ -11,7 +11,7 @@ import importlib
 
 from django.conf import settings
 
-from .base import Agent
+from .agent import Agent
 
 _agents: dict[str, type[Agent]] = {}
 

@@ -1,0 +1,14 @@
+from django.apps import AppConfig
+from django.core import checks
+
+
+class AutomechanicaConfig(AppConfig):
+    """The project itself as an app: its commands (``up``, ``embedded_db``) and checks."""
+
+    name = "automechanica"
+    verbose_name = "AutoMechanica"
+
+    def ready(self) -> None:
+        from .checks import metrics_allowed_networks
+
+        checks.register(metrics_allowed_networks)

@@ -1,0 +1,41 @@
+"""The queue's own maintenance jobs, registered with ``task_queue.maintenance``.
+
+- the lease reaper: gives back tasks whose lease expired and forgets workers that
+  stopped heartbeating (workers run it too, so it keeps going with no maintenance
+  process up);
+- the metric rollups of the buckets that closed (``task_queue.metrics``);
+- once a minute, positions for the event stream's new events, then retention
+  (``task_queue.retention``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from . import event_stream, maintenance, metrics, reaper, retention
+
+logger = logging.getLogger(__name__)
+
+
+def reap() -> str | None:
+    reaped = reaper.reap_expired_leases()
+    return f"reaper: recovered {len(reaped)} task(s)" if reaped else None
+
+
+def roll_up() -> None:
+    rolled_up = metrics.roll_up()
+    if rolled_up:
+        logger.info("metric rollups written: %s", rolled_up)
+
+
+def sequence_and_prune() -> None:
+    # Positions for the stream, even with no reader running, so that retention only
+    # ever keeps back events committed a moment ago.
+    event_stream.sequence()
+    retention.prune()
+
+
+def register() -> None:
+    maintenance.register("reaper", reap)
+    maintenance.register("metric rollups", roll_up)
+    maintenance.register("retention", sequence_and_prune, every_seconds=retention.EVERY_SECONDS)

@@ -1,0 +1,52 @@
+"""The queue's tables: tasks and workflows, their history, live workers, metric
+rollups, the audit log and the event stream.
+
+Django owns the schema (migrations, admin); reading and writing tasks on the hot
+path goes through the named SQL in ``task_queue.sql``.
+"""
+
+from .audit import OperatorAction
+from .metrics import HISTOGRAM_BOUNDS, RetentionRun, RollupProgress, TaskQueueMetric
+from .stream import EventRelayCursor, OutboxEvent
+from .tasks import (
+    FINAL_STATUSES,
+    HELD_STATUSES,
+    MAX_ATTEMPTS_LIMIT,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    REVIVABLE_STATUSES,
+    DeadLetterTask,
+    Priority,
+    Task,
+    TaskEvent,
+    TaskHistory,
+    TaskStatus,
+    Workflow,
+)
+from .workers import PausedAgent, Worker, WorkerHeartbeat
+
+__all__ = [
+    "FINAL_STATUSES",
+    "HELD_STATUSES",
+    "HISTOGRAM_BOUNDS",
+    "MAX_ATTEMPTS_LIMIT",
+    "PRIORITY_MAX",
+    "PRIORITY_MIN",
+    "REVIVABLE_STATUSES",
+    "DeadLetterTask",
+    "EventRelayCursor",
+    "OperatorAction",
+    "OutboxEvent",
+    "PausedAgent",
+    "Priority",
+    "RetentionRun",
+    "RollupProgress",
+    "Task",
+    "TaskEvent",
+    "TaskHistory",
+    "TaskQueueMetric",
+    "TaskStatus",
+    "Worker",
+    "WorkerHeartbeat",
+    "Workflow",
+]

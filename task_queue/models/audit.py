@@ -1,0 +1,47 @@
+"""The operator audit log."""
+
+from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
+from django.db import models
+from django.db.models.functions import Now
+
+
+class OperatorAction(models.Model):
+    """The audit log: one row per operator action, from the dashboard, the admin or the API.
+
+    Written in the transaction that makes the change, so the log cannot miss an
+    action that happened nor show one that rolled back.
+    """
+
+    class Kind(models.TextChoices):
+        REVIVE = "revive", "Revive"
+        EDIT_AND_REVIVE = "edit_and_revive", "Edit payload and revive"
+        EDIT = "edit", "Edit"
+        CANCEL = "cancel", "Cancel"
+        RUN_NOW = "run_now", "Run now"
+        PAUSE = "pause", "Pause agent"
+        RESUME = "resume", "Resume agent"
+
+    actor = models.TextField()  # "user:alice", "token:orchestrator"
+    action = models.TextField(choices=Kind.choices)
+    # Where it came from: "dashboard", "admin" or "api".
+    source = models.TextField()
+    task_ids = ArrayField(models.UUIDField(), default=list, blank=True)
+    agent_name = models.TextField(null=True, blank=True)
+    # For a bulk action on every task a filter matched: the filter, as the operator set it.
+    matched_filter = models.JSONField(null=True, blank=True)
+    # What changed: {"payload": {"diff": "...unified diff..."}, "priority": {...}}.
+    changes = models.JSONField(default=dict, blank=True)
+    occurred_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "operator_actions"
+        ordering = ["-occurred_at", "-id"]
+        indexes = [
+            # "Operator actions" on a task's page: the rows whose task_ids contain it.
+            GinIndex(fields=["task_ids"], name="operator_actions_tasks_idx"),
+            models.Index(fields=["-occurred_at"], name="operator_actions_time_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.actor} {self.action} ×{len(self.task_ids)} at {self.occurred_at}"

@@ -1,0 +1,69 @@
+"""The event stream: the outbox of envelopes and the relays' cursors."""
+
+from django.contrib.postgres.functions import RandomUUID
+from django.db import models
+from django.db.models.functions import Now
+
+
+class OutboxEvent(models.Model):
+    """One envelope of the event stream (seed 000 §3), written by triggers in the same
+    transaction as the change it records: a task's creation, claim and every history
+    row, a direct message sent, acknowledged or expired, a publication.
+
+    ``seq`` is taken at insert, so a transaction that commits late can hold a lower
+    ``seq`` than one already read. Readers therefore go by ``position``, which one
+    sequencer at a time gives to committed events in ``seq`` order
+    (``task_queue.event_stream.sequence``): a reader resuming after a position never
+    misses an event, and a task's events keep the order they happened in.
+    """
+
+    seq = models.BigAutoField(primary_key=True)
+    position = models.BigIntegerField(null=True, blank=True)
+    schema_version = models.TextField(db_default="v1")
+    message_id = models.UUIDField(db_default=RandomUUID())
+    kind = models.TextField()  # evt.task.completed.v1, evt.message.sent.v1, …
+    trace_id = models.TextField(null=True, blank=True)
+    causation_id = models.TextField(null=True, blank=True)
+    # What the event is about: a task, message or publication id.
+    subject_id = models.TextField()
+    emitted_at = models.DateTimeField(db_default=Now())
+    payload = models.JSONField(default=dict)
+
+    class Meta:
+        db_table = "event_outbox"
+        ordering = ["position"]
+        constraints = [
+            # Partial: a new event (no position yet) costs this index nothing.
+            models.UniqueConstraint(
+                fields=["position"],
+                condition=models.Q(position__isnull=False),
+                name="event_outbox_position_key",
+            )
+        ]
+        indexes = [
+            # The sequencer's work list: committed events without a position yet.
+            models.Index(
+                fields=["seq"],
+                name="event_outbox_unpositioned_idx",
+                condition=models.Q(position__isnull=True),
+            ),
+            models.Index(fields=["emitted_at"], name="event_outbox_emitted_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.position or '-'} {self.kind} {self.subject_id}"
+
+
+class EventRelayCursor(models.Model):
+    """How far ``relay_events`` has relayed the stream to one broker, with confirms."""
+
+    destination = models.TextField(primary_key=True)  # the broker URL without credentials
+    position = models.BigIntegerField(default=0)
+    relayed = models.BigIntegerField(default=0)  # events confirmed, in all runs
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "event_relay_cursors"
+
+    def __str__(self) -> str:
+        return f"{self.destination} at {self.position}"

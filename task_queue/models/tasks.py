@@ -1,0 +1,234 @@
+"""Tasks, the workflows that group them, and each task's history."""
+
+import uuid
+
+from django.contrib.postgres.functions import RandomUUID
+from django.db import models
+from django.db.models.functions import Now
+
+PRIORITY_MIN = 0
+PRIORITY_MAX = 9
+MAX_ATTEMPTS_LIMIT = 100
+
+
+class Priority(models.IntegerChoices):
+    """The named levels of spec 001 §7; any integer in 0–9 is accepted, 0 runs first."""
+
+    CRITICAL = 0
+    HIGH = 1
+    MEDIUM = 2
+    LOW = 3
+
+
+class TaskStatus(models.TextChoices):
+    PENDING = "pending"
+    LEASED = "leased"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"  # a non-retryable error
+    DEAD = "dead"  # attempts exhausted
+    CANCELLED = "cancelled"
+
+
+HELD_STATUSES = (TaskStatus.LEASED, TaskStatus.RUNNING)
+FINAL_STATUSES = (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.DEAD, TaskStatus.CANCELLED)
+REVIVABLE_STATUSES = (TaskStatus.DEAD, TaskStatus.FAILED)
+
+
+class Workflow(models.Model):
+    """A group of tasks an orchestrator creates together (the table ``workflows``).
+
+    It lives in the queue, below the orchestrator, because the queue acts on it:
+    enqueueing into a workflow locks its row and refuses a cancelled one, cancelling
+    one cancels its tasks, and retention prunes a workflow with its tasks. Its status
+    is not stored: it follows from its tasks (``workflows.progress``). What is stored
+    is what the tasks cannot say: whether the orchestrator will add more tasks
+    (``open``) and whether an operator cancelled it.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, db_default=RandomUUID())
+    name = models.TextField()
+    metadata = models.JSONField(default=dict, blank=True)
+    # An open workflow expects more tasks (an orchestrator adds each step as the steps
+    # before it complete), so it is not completed while open, even if all its tasks are.
+    open = models.BooleanField(default=False, db_default=False)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    trace_id = models.TextField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "workflows"
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Task(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, db_default=RandomUUID())
+    workflow = models.ForeignKey(
+        Workflow, null=True, blank=True, on_delete=models.CASCADE, related_name="tasks"
+    )
+    agent_name = models.TextField()
+    task_type = models.TextField()
+    payload = models.JSONField(default=dict)
+    # A payload too large for the row: its blob (task_queue.blobs); payload is then {}.
+    payload_ref = models.TextField(null=True, blank=True)
+    priority = models.IntegerField(default=Priority.MEDIUM, db_default=Priority.MEDIUM)
+    status = models.TextField(
+        choices=TaskStatus.choices, default=TaskStatus.PENDING, db_default=TaskStatus.PENDING
+    )
+    attempts = models.IntegerField(default=0, db_default=0)
+    max_attempts = models.IntegerField(default=3, db_default=3)
+    available_at = models.DateTimeField(db_default=Now())
+    lease_owner = models.TextField(null=True, blank=True)
+    # A fresh token per lease: every write a worker makes is fenced on owner + token,
+    # so a worker whose lease expired cannot overwrite what another worker did.
+    lease_token = models.UUIDField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    error_info = models.JSONField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    idempotency_key = models.TextField(null=True, blank=True)
+    # A hash of the request that created a keyed task: the same key with another
+    # request is a conflict, even after the task's payload was edited.
+    idempotency_fingerprint = models.TextField(null=True, blank=True)
+    trace_id = models.TextField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "tasks"
+        ordering = ["priority", "created_at"]
+        permissions = [
+            ("revive_task", "Can revive dead or failed tasks"),
+            ("cancel_task", "Can cancel tasks"),
+            ("pause_agent", "Can pause and resume an agent's queue"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(status__in=TaskStatus.values), name="tasks_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(priority__gte=PRIORITY_MIN, priority__lte=PRIORITY_MAX),
+                name="tasks_priority_range",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(max_attempts__gte=1), name="tasks_max_attempts_positive"
+            ),
+            # Partial: most tasks have no key, and a full index would take an entry
+            # for every new row version the worker writes.
+            models.UniqueConstraint(
+                fields=["idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="tasks_idempotency_key_unique",
+            ),
+        ]
+        # Every index here takes an entry for each row version a worker writes (a
+        # status change is never a HOT update), so there are as few as serve the
+        # lease query, the due timer and the reaper; partial ones only for the
+        # rows they cover.
+        indexes = [
+            # The lease query: pending tasks of an agent in priority, then age order.
+            models.Index(
+                fields=["agent_name", "priority", "created_at"],
+                condition=models.Q(status=TaskStatus.PENDING),
+                name="tasks_pending_lease_idx",
+            ),
+            # When the next pending task of an agent falls due (the worker's poll timer).
+            models.Index(
+                fields=["agent_name", "available_at"],
+                condition=models.Q(status=TaskStatus.PENDING),
+                name="tasks_pending_due_idx",
+            ),
+            # The reaper: held tasks whose lease has run out.
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=models.Q(status__in=HELD_STATUSES),
+                name="tasks_held_lease_idx",
+            ),
+            # Throughput and latency over the last minutes (the metrics endpoint): one
+            # entry per task, taken when it reaches its final status.
+            models.Index(
+                fields=["finished_at"],
+                condition=models.Q(status__in=FINAL_STATUSES),
+                name="tasks_finished_idx",
+            ),
+            # The dead-letter page, newest death first.
+            models.Index(
+                fields=["finished_at"],
+                condition=models.Q(status__in=REVIVABLE_STATUSES),
+                name="tasks_dead_letter_idx",
+            ),
+            # Lists newest first (the API, the admin) without sorting the whole table.
+            models.Index(fields=["created_at", "id"], name="tasks_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent_name}.{self.task_type} {self.id} ({self.status})"
+
+
+class TaskEvent(models.TextChoices):
+    """What a history row records."""
+
+    COMPLETED = "completed"
+    RETRY_SCHEDULED = "retry_scheduled"
+    FAILED = "failed"
+    DEAD = "dead"
+    LEASE_EXPIRED = "lease_expired"
+    RELEASED = "released"  # given back by a worker shutting down; no attempt counted
+    CANCEL_REQUESTED = "cancel_requested"
+    CANCELLED = "cancelled"
+    REVIVED = "revived"
+    UPDATED = "updated"  # an operator changed a pending task (priority, payload, due time)
+
+
+class TaskHistory(models.Model):
+    """One row per finished attempt and per operator or reaper action.
+
+    A worker attempt is one row written with its outcome, carrying the lease token
+    and when the handler started, so pending → leased → running → outcome is
+    recorded without a write per step on the hot path.
+    """
+
+    # No database constraint (agents_app/models.py says why): rows come from the same
+    # statement that updates their task; deleting a task deletes them (ORM cascade).
+    task = models.ForeignKey(
+        Task, on_delete=models.CASCADE, related_name="history", db_constraint=False
+    )
+    event = models.TextField(choices=TaskEvent.choices)
+    from_status = models.TextField()
+    to_status = models.TextField()
+    attempt = models.IntegerField()
+    # Who made the transition: a worker id ("host:pid") or an operator ("user:alice").
+    actor = models.TextField(null=True, blank=True)
+    lease_token = models.UUIDField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    # When the attempt was due (the task's available_at as it was claimed): its queue
+    # wait is started_at - due_at. Set for attempts that completed or failed.
+    due_at = models.DateTimeField(null=True, blank=True)
+    occurred_at = models.DateTimeField(db_default=Now())
+    error = models.JSONField(null=True, blank=True)
+    detail = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        db_table = "task_history"
+        ordering = ["occurred_at", "id"]
+        verbose_name_plural = "task history"
+        # The metric rollups read a time range. (Not BRIN: retention frees old pages,
+        # new rows land in them, and BRIN ranges then span everything.)
+        indexes = [models.Index(fields=["occurred_at"], name="task_history_occurred_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} {self.event} (attempt {self.attempt})"
+
+
+class DeadLetterTask(Task):
+    """Dead and failed tasks: the admin's dead-letter section (a proxy, no table)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dead-letter task"
