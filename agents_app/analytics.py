@@ -11,9 +11,11 @@ from __future__ import annotations
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
-from task_queue import metrics, queries
+from task_queue import metrics
 from task_queue.models import HISTOGRAM_BOUNDS, TaskHistory, TaskQueueMetric
 from task_queue.operations import TaskSpec, enqueue_many
+from task_queue.sql import db
+from task_queue.sql import metrics as metrics_sql
 
 from .models import DailyReport
 
@@ -33,7 +35,7 @@ def day_bounds(day: date) -> tuple[datetime, datetime]:
 
 def build_daily_report(day: date, *, now: datetime | None = None) -> dict[str, Any]:
     """The report of ``day`` as JSON-ready data (see ``_agent_report`` for its parts)."""
-    clock = now or queries.database_clock()
+    clock = now or db.database_clock()
     start, end = day_bounds(day)
     partial = clock < end
     today = _day_rows(start, min(end, clock))
@@ -62,16 +64,16 @@ def build_daily_report(day: date, *, now: datetime | None = None) -> dict[str, A
 def _day_rows(start: datetime, until: datetime) -> dict[str, dict[str, Any]]:
     """The day's rollup per agent: stored if the day is rolled up, else computed."""
     stored = TaskQueueMetric.objects.filter(bucket_seconds=DAY, bucket_start=start)
-    rolled = (queries.rollup_progress(DAY) or start) >= start + timedelta(days=1)
+    rolled = (metrics_sql.rollup_progress(DAY) or start) >= start + timedelta(days=1)
     if rolled:
         return {row.agent_name: _as_dict(row) for row in stored}
-    rows = queries.compute_metrics(DAY, start, until, HISTOGRAM_BOUNDS)
+    rows = metrics_sql.compute_metrics(DAY, start, until, HISTOGRAM_BOUNDS)
     return {row["agent_name"]: row for row in rows}
 
 
 def _hours(start: datetime, until: datetime) -> list[dict[str, Any]]:
     """Completed and failed (or dead) tasks per hour of the day, all agents."""
-    if (queries.rollup_progress(HOUR) or start) >= until:  # all in the hour rollups
+    if (metrics_sql.rollup_progress(HOUR) or start) >= until:  # all in the hour rollups
         rows = [
             _as_dict(row)
             for row in TaskQueueMetric.objects.filter(
@@ -79,7 +81,7 @@ def _hours(start: datetime, until: datetime) -> list[dict[str, Any]]:
             )
         ]
     else:
-        rows = queries.compute_metrics(HOUR, start, until, HISTOGRAM_BOUNDS)
+        rows = metrics_sql.compute_metrics(HOUR, start, until, HISTOGRAM_BOUNDS)
     by_hour = {h: [0, 0] for h in range(24)}
     for row in rows:
         figures = by_hour[row["bucket_start"].astimezone(UTC).hour]
@@ -222,10 +224,10 @@ def schedule_daily_report(*, now: datetime | None = None) -> bool:
     """Enqueue yesterday's report once its day rollup exists; True if this call made
     the task. The idempotency key is the day, so two schedulers (or two maintenance
     processes) never make two."""
-    clock = now or queries.database_clock()
+    clock = now or db.database_clock()
     yesterday = clock.astimezone(UTC).date() - timedelta(days=1)
     today_start, _ = day_bounds(clock.astimezone(UTC).date())
-    if (queries.rollup_progress(DAY) or today_start - timedelta(days=1)) < today_start:
+    if (metrics_sql.rollup_progress(DAY) or today_start - timedelta(days=1)) < today_start:
         return False  # yesterday is not rolled up yet
     key = f"analytics:daily:{yesterday.isoformat()}"
     if DailyReport.objects.filter(day=yesterday, partial=False).exists():

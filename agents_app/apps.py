@@ -9,8 +9,17 @@ class AgentsConfig(AppConfig):
 
     def ready(self) -> None:
         from task_queue import maintenance
+        from task_queue import retention as queue_retention
+        from task_queue.sql import outcomes as outcomes_sql
 
-        from . import analytics
+        from . import analytics, messaging, pubsub, retention
+        from .sql import memory as memory_sql
 
-        # Run by the queue's maintenance loop, which cannot import this app.
+        # The queue cannot import this app: it runs what the app registers.
+        outcomes_sql.add_to_completion("agent memory", memory_sql.EVENTS_OF_COMPLETED_TASKS)
         maintenance.register("daily report", analytics.daily_report_job)
+        maintenance.register("message leases", messaging.recover_leases)
+        maintenance.register("delivery leases", pubsub.recover_leases)
+        queue_retention.register("agent events", retention.prune_agent_events)
+        queue_retention.register("messages", retention.prune_messages)
+        queue_retention.register("publications", retention.prune_publications)

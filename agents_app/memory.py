@@ -12,8 +12,6 @@ retried with backoff, then marked dead.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import traceback
 from collections.abc import Sequence
@@ -24,7 +22,8 @@ from uuid import UUID
 from django.db.models import QuerySet
 from pgvector.django import CosineDistance
 
-from task_queue import queries
+from agents_app.sql import memory as memory_sql
+from task_queue import leases
 
 from .embeddings import embed
 from .models import AgentEvent
@@ -46,7 +45,9 @@ def embed_batch(owner: str, *, limit: int = 32) -> EmbedderStats:
     """Claim up to ``limit`` jobs, embed their events and record the outcome."""
     stats = EmbedderStats()
     done: list[tuple[int, UUID, Sequence[float]]] = []
-    for job in queries.claim_embedding_jobs(owner=owner, limit=limit, lease_seconds=LEASE_SECONDS):
+    for job in memory_sql.claim_embedding_jobs(
+        owner=owner, limit=limit, lease_seconds=LEASE_SECONDS
+    ):
         try:
             done.append((job.id, job.lease_token, embed(job.text)))
         except Exception as error:  # any embedder failure is this job's, not the worker's
@@ -55,10 +56,12 @@ def embed_batch(owner: str, *, limit: int = 32) -> EmbedderStats:
                 "message": str(error),
                 "traceback": traceback.format_exc(),
             }
-            queries.fail_embedding_job(job.id, job.lease_token, error_info, BASE_DELAY)
+            memory_sql.fail_embedding_job(
+                job.id, job.lease_token, error_info, BASE_DELAY, owner=owner
+            )
             stats.failed += 1
     if done:
-        kept = queries.complete_embedding_jobs(done)
+        kept = memory_sql.complete_embedding_jobs(done, owner=owner)
         stats.embedded += len(kept)
         stats.refused += len(done) - len(kept)
     return stats
@@ -66,10 +69,10 @@ def embed_batch(owner: str, *, limit: int = 32) -> EmbedderStats:
 
 def run_embedder(stop: threading.Event, *, batch: int, poll: float, once: bool) -> EmbedderStats:
     """Embed until ``stop`` is set (or, with ``once``, until nothing is due)."""
-    owner = f"{socket.gethostname()}:{os.getpid()}"
+    owner = leases.holder_id()
     total = EmbedderStats()
     while not stop.is_set():
-        queries.recover_embedding_jobs()
+        memory_sql.recover_embedding_jobs()
         stats = embed_batch(owner, limit=batch)
         total.embedded += stats.embedded
         total.failed += stats.failed

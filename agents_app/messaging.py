@@ -17,18 +17,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
-import psycopg
 from django.conf import settings
 from django.db import connection
 
-from task_queue import blobs, queries
+from agents_app.sql import messages as messages_sql
+from task_queue import blobs, listen
 from task_queue.storable import storable_json, text_problem
 
 from .models import MessageType
@@ -95,7 +94,7 @@ def send(
     check_metadata(metadata)
     text = as_json("payload", {} if payload is None else payload)
     payload_json, payload_ref = blobs.offload(text)
-    return queries.send_message(
+    return messages_sql.send_message(
         from_agent=from_agent,
         to_agent=to_agent,
         message_type=message_type,
@@ -125,7 +124,7 @@ def receive(
     check_receive(limit, visibility_timeout, wait)
     return wait_for_some(
         lambda: _receive(agent, limit, visibility_timeout),
-        channel=queries.MESSAGES_CHANNEL,
+        channel=messages_sql.MESSAGES_CHANNEL,
         agent=agent,
         wait=wait,
     )
@@ -151,13 +150,13 @@ def wait_for_some(look: Callable[[], list[T]], *, channel: str, agent: str, wait
         # A send commits, and so wakes anyone, only outside this transaction's view.
         raise InvalidMessage("wait", "cannot wait inside a transaction")
     deadline = time.monotonic() + wait
-    with listening(channel) as listen:  # listening before each look: no wake-up is lost
+    with listen.listening(channel) as notes:  # listening before each look: no wake-up is lost
         while True:
             found = look()
             remaining = deadline - time.monotonic()
             if found or remaining <= 0:
                 return found
-            for note in listen.notifies(timeout=min(remaining, POLL_SECONDS)):
+            for note in notes.notifies(timeout=min(remaining, POLL_SECONDS)):
                 if note.payload == agent:
                     break
 
@@ -169,11 +168,18 @@ def ack(message: Message) -> bool:
 
 def acknowledge(message_id: UUID, receipt: UUID) -> bool:
     """``ack`` by id and receipt (what the HTTP API receives)."""
-    return queries.ack_message(message_id, receipt)
+    return messages_sql.ack_message(message_id, receipt)
+
+
+def recover_leases() -> None:
+    """The maintenance job: give back messages whose reader's lease ended."""
+    messages_sql.recover_messages()
 
 
 def _receive(agent: str, limit: int, visibility_timeout: float) -> list[Message]:
-    rows = queries.receive_messages(agent=agent, limit=limit, visibility_seconds=visibility_timeout)
+    rows = messages_sql.receive_messages(
+        agent=agent, limit=limit, visibility_seconds=visibility_timeout
+    )
     messages = [_message(row) for row in rows]
     return sorted(messages, key=lambda m: (-m.priority, m.created_at))
 
@@ -188,17 +194,6 @@ def _message(row: tuple) -> Message:
         # The reader gets the message and the reason; acknowledging it ends it.
         return Message(*values, payload=None, payload_ref=payload_ref, payload_error=str(error))
     return Message(*values, payload=payload, payload_ref=payload_ref)
-
-
-@contextmanager
-def listening(channel: str = queries.MESSAGES_CHANNEL) -> Iterator[psycopg.Connection]:
-    """A connection of its own that LISTENs on ``channel`` (whose payloads name agents)."""
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    with psycopg.connect(**params, autocommit=True) as listen:
-        listen.execute(f"LISTEN {channel}")
-        yield listen
 
 
 def check_text(field: str, value: str | None, *, required: bool = False) -> None:

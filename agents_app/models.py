@@ -67,13 +67,24 @@ class AgentEvent(models.Model):
         return f"{self.agent_name} {self.event_type} #{self.pk}"
 
 
+class EmbeddingJobStatus(models.TextChoices):
+    PENDING = "pending"
+    LEASED = "leased"  # an embedder holds it
+    COMPLETED = "completed"
+    DEAD = "dead"  # attempts exhausted
+
+
 class EmbeddingJob(models.Model):
     """A request to embed one AgentEvent into agent memory, consumed asynchronously."""
 
     agent_event = models.ForeignKey(
         AgentEvent, on_delete=models.CASCADE, related_name="embedding_jobs", db_constraint=False
     )
-    status = models.TextField(default="pending", db_default="pending")
+    status = models.TextField(
+        choices=EmbeddingJobStatus.choices,
+        default=EmbeddingJobStatus.PENDING,
+        db_default=EmbeddingJobStatus.PENDING,
+    )
     attempts = models.IntegerField(default=0, db_default=0)
     max_attempts = models.IntegerField(default=3, db_default=3)
     available_at = models.DateTimeField(db_default=Now())
@@ -93,7 +104,7 @@ class EmbeddingJob(models.Model):
                 condition=models.Q(status="pending"),
                 name="embedding_jobs_pending_idx",
             ),
-            # Leases that ran out (queries.RECOVER_EMBEDDING_JOBS).
+            # Leases that ran out (agents_app.sql.memory.RECOVER_EMBEDDING_JOBS).
             models.Index(
                 fields=["lease_expires_at"],
                 condition=models.Q(status="leased"),

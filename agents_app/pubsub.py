@@ -25,7 +25,7 @@ from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from task_queue import queries
+from agents_app.sql import pubsub as pubsub_sql
 
 from .messaging import (
     DEFAULT_EXPIRY_SECONDS,
@@ -83,7 +83,7 @@ def publish(
     check_text("publisher_type", publisher_type)
     check_lifetime("ttl", ttl)
     check_metadata(metadata)
-    return queries.publish(
+    return pubsub_sql.publish(
         publisher_agent=publisher,
         publisher_type=publisher_type,
         publication_type=publication_type,
@@ -117,7 +117,7 @@ def subscribe(
         raise InvalidMessage("publication_types", "must be a list of strings")
     for kind in publication_types:
         check_text("publication_types", kind, required=True)
-    return queries.subscribe(
+    return pubsub_sql.subscribe(
         subscriber=subscriber,
         name=name,
         publisher_agent=publisher,
@@ -131,7 +131,7 @@ def subscribe(
 def unsubscribe(subscriber: str, name: str) -> bool:
     """Stop the subscription; what it had not acknowledged is dropped. False if it
     was not active."""
-    return queries.unsubscribe(subscriber=subscriber, name=name)
+    return pubsub_sql.unsubscribe(subscriber=subscriber, name=name)
 
 
 def receive(
@@ -149,7 +149,7 @@ def receive(
     check_receive(limit, visibility_timeout, wait)
 
     def look() -> list[Delivery]:
-        rows = queries.receive_publications(
+        rows = pubsub_sql.receive_publications(
             subscriber=subscriber,
             subscription=subscription,
             limit=limit,
@@ -157,7 +157,7 @@ def receive(
         )
         return sorted((_delivery(row) for row in rows), key=lambda d: d.publication_id)
 
-    return wait_for_some(look, channel=queries.PUBLICATIONS_CHANNEL, agent=subscriber, wait=wait)
+    return wait_for_some(look, channel=pubsub_sql.PUBLICATIONS_CHANNEL, agent=subscriber, wait=wait)
 
 
 def ack(delivery: Delivery, result: Any = None) -> bool:
@@ -168,7 +168,12 @@ def ack(delivery: Delivery, result: Any = None) -> bool:
 def acknowledge(delivery_id: int, receipt: UUID, result: Any = None) -> bool:
     """``ack`` by id and receipt (what the HTTP API receives)."""
     result_json = None if result is None else as_json("result", result)
-    return queries.ack_publication(delivery_id, receipt, result_json)
+    return pubsub_sql.ack_publication(delivery_id, receipt, result_json)
+
+
+def recover_leases() -> None:
+    """The maintenance job: give back deliveries whose reader's lease ended."""
+    pubsub_sql.recover_deliveries()
 
 
 def _delivery(row: tuple) -> Delivery:

@@ -124,6 +124,11 @@ QUEUE_LEASE_SECONDS = float(os.environ.get("QUEUE_LEASE_SECONDS", 30))
 QUEUE_POLL_SECONDS = float(os.environ.get("QUEUE_POLL_SECONDS", 5))
 QUEUE_REAPER_SECONDS = float(os.environ.get("QUEUE_REAPER_SECONDS", 5))
 QUEUE_SHUTDOWN_GRACE_SECONDS = float(os.environ.get("QUEUE_SHUTDOWN_GRACE_SECONDS", 10))
+# A worker that has not heartbeaten this long is forgotten by the reaper (its leases
+# expire on their own, after a lease's length).
+QUEUE_STALE_WORKER_SECONDS = float(
+    os.environ.get("QUEUE_STALE_WORKER_SECONDS", 3 * QUEUE_LEASE_SECONDS)
+)
 # Metric rollups (task_queue.metrics): a bucket is computed once it ended this long
 # ago (outcomes committing late still land in it), and a first run looks this far back.
 QUEUE_METRICS_GRACE_SECONDS = float(os.environ.get("QUEUE_METRICS_GRACE_SECONDS", 30))

@@ -21,7 +21,9 @@ from django.urls import reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
-from . import audit, operations, queries, registry
+from task_queue.sql import reading
+
+from . import audit, operations, registry
 from .models import (
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -58,7 +60,7 @@ class EstimatedCountPaginator(Paginator):
     @cached_property
     def count(self) -> int:
         if not self.object_list.query.where:
-            estimate = queries.estimated_table_rows()
+            estimate = reading.estimated_table_rows()
             if estimate >= EXACT_COUNT_BELOW_ROWS:
                 return int(estimate)
         return super().count

@@ -32,9 +32,9 @@ import psutil
 from django.conf import settings
 from django.db import connection, transaction
 
+from task_queue import bench_sql
 from task_queue.models import Workflow
 
-from . import queries
 from .models import Worker
 from .operations import TaskSpec, enqueue, enqueue_many
 
@@ -87,7 +87,7 @@ def run(config: BenchConfig) -> dict[str, Any]:
         }
     finally:
         _stop_workers(workers)
-        queries.delete_workflow_tasks(workflow.id)
+        bench_sql.delete_workflow_tasks(workflow.id)
         workflow.delete()
     shutil.rmtree(log_dir)  # kept when the benchmark failed, for its workers' logs
 
@@ -134,11 +134,11 @@ def _throughput(workflow_id, config: BenchConfig) -> tuple[float, float]:
     committed = time.perf_counter()
     committed_at = datetime.now(UTC)
     deadline = time.monotonic() + config.timeout
-    while (progress := queries.task_progress(workflow_id))[0] < progress[1]:
+    while (progress := bench_sql.task_progress(workflow_id))[0] < progress[1]:
         if time.monotonic() > deadline:
             raise RuntimeError(f"drain timed out with {progress[0]} of {progress[1]} finished")
         time.sleep(PROGRESS_POLL_SECONDS)
-    last_finished = max(finished for _, _, finished in queries.task_times(workflow_id))
+    last_finished = max(finished for _, _, finished in bench_sql.task_times(workflow_id))
     drain_seconds = (last_finished - committed_at).total_seconds()
     return config.tasks / (committed - started), config.tasks / drain_seconds
 
@@ -155,12 +155,12 @@ def _pickup_latencies(config: BenchConfig) -> tuple[list[float], list[float]]:
         committed[task.id] = datetime.now(UTC)
         next_at += interval
     deadline = time.monotonic() + config.timeout
-    while (progress := queries.task_progress(probe.id))[0] < progress[1]:
+    while (progress := bench_sql.task_progress(probe.id))[0] < progress[1]:
         if time.monotonic() > deadline:
             raise RuntimeError("latency probes did not finish")
         time.sleep(PROGRESS_POLL_SECONDS)
-    times = queries.task_times(probe.id)
-    queries.delete_workflow_tasks(probe.id)
+    times = bench_sql.task_times(probe.id)
+    bench_sql.delete_workflow_tasks(probe.id)
     probe.delete()
 
     def since_commit(task_id, moment: datetime) -> float:

@@ -17,7 +17,7 @@ from uuid import UUID
 
 from django.db import transaction
 
-from task_queue import queries
+from task_queue.sql import outbox
 
 SEQUENCE_BATCH = 5000
 
@@ -56,7 +56,7 @@ def sequence() -> int:
     total = 0
     while True:
         with transaction.atomic():
-            done = queries.sequence_events(limit=SEQUENCE_BATCH)
+            done = outbox.sequence_events(limit=SEQUENCE_BATCH)
         total += done
         if done < SEQUENCE_BATCH:
             return total
@@ -66,7 +66,7 @@ def next_batch(after: int, *, limit: int, since_time: datetime | None = None) ->
     """Up to ``limit`` events after position ``after``, in order (only those emitted at
     or after ``since_time``, when given)."""
     sequence()
-    rows = queries.read_events(after=after, limit=limit, since_time=since_time)
+    rows = outbox.read_events(after=after, limit=limit, since_time=since_time)
     return [_envelope(*row) for row in rows]
 
 

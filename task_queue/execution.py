@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from task_queue.sql.leasing import ClaimedTask
+
 from . import blobs
 from .agent import Agent, PermanentError, TaskCancelled, TaskContext
 from .blobs import PayloadBlobError, PayloadBlobUnavailable
-from .queries import ClaimedTask
 from .storable import storable_json, without_nul
 
 

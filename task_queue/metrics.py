@@ -16,7 +16,9 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 
-from . import queries
+from task_queue.sql import db, locks
+from task_queue.sql import metrics as metrics_sql
+
 from .models import HISTOGRAM_BOUNDS
 
 MINUTE, HOUR, DAY = 60, 3600, 86400
@@ -24,8 +26,6 @@ BUCKET_SECONDS = (MINUTE, HOUR, DAY)
 # How much one pass computes per width at most, so a long backlog is caught up in
 # steps that never hold the lock for long.
 MAX_SPAN = {MINUTE: timedelta(hours=6), HOUR: timedelta(days=2), DAY: timedelta(days=14)}
-# pg_try_advisory_xact_lock key: "roll" in ASCII.
-ROLLUP_LOCK_KEY = 0x726F6C6C
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -38,19 +38,21 @@ def roll_up(*, now: datetime | None = None) -> dict[int, int] | None:
     """Compute the buckets of each width that closed since the last pass; returns
     {width: rows written}, or None when another process holds the rollup lock."""
     with transaction.atomic():
-        if not queries.try_advisory_xact_lock(ROLLUP_LOCK_KEY):
+        if not locks.try_advisory_xact_lock(locks.ROLLUP):
             return None
-        clock = now or queries.database_clock()
+        clock = now or db.database_clock()
         ensure_started(clock)
         written = {}
         for width in BUCKET_SECONDS:
             grace = timedelta(seconds=settings.QUEUE_METRICS_GRACE_SECONDS)
             closed = bucket_floor(clock - grace, width)
-            since = queries.rollup_progress(width)
+            since = metrics_sql.rollup_progress(width)
             until = min(closed, since + MAX_SPAN[width])
             if since < until:
-                written[width] = queries.recompute_metrics(width, since, until, HISTOGRAM_BOUNDS)
-                queries.set_rollup_progress(width, until)
+                written[width] = metrics_sql.recompute_metrics(
+                    width, since, until, HISTOGRAM_BOUNDS
+                )
+                metrics_sql.set_rollup_progress(width, until)
         return written
 
 
@@ -59,7 +61,7 @@ def ensure_started(clock: datetime) -> None:
     QUEUE_METRICS_BACKFILL_DAYS ago. Counters (Prometheus) count from there, so they
     cover the same span before and after the first rollup pass."""
     backfill = timedelta(days=settings.QUEUE_METRICS_BACKFILL_DAYS)
-    queries.start_rollups(BUCKET_SECONDS, bucket_floor(clock - backfill, DAY))
+    metrics_sql.start_rollups(BUCKET_SECONDS, bucket_floor(clock - backfill, DAY))
 
 
 def recompute(width: int, since: datetime, until: datetime) -> int:
@@ -69,5 +71,5 @@ def recompute(width: int, since: datetime, until: datetime) -> int:
         raise ValueError(f"width must be one of {BUCKET_SECONDS}")
     start, end = bucket_floor(since, width), bucket_floor(until, width) + timedelta(seconds=width)
     with transaction.atomic():
-        queries.advisory_xact_lock(ROLLUP_LOCK_KEY)  # not alongside a rollup pass
-        return queries.recompute_metrics(width, start, end, HISTOGRAM_BOUNDS)
+        locks.advisory_xact_lock(locks.ROLLUP)  # not alongside a rollup pass
+        return metrics_sql.recompute_metrics(width, start, end, HISTOGRAM_BOUNDS)

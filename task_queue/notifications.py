@@ -12,9 +12,9 @@ import threading
 from collections.abc import Iterable
 
 import psycopg
-from django.db import connection
 
-from .queries import NOTIFY_CHANNEL
+from task_queue.listen import listening
+from task_queue.sql.channels import NOTIFY_CHANNEL
 
 logger = logging.getLogger(__name__)
 
@@ -34,11 +34,9 @@ class Listener:
         self._stop.set()
 
     def _run(self) -> None:
-        params = connection.get_connection_params()
         while not self._stop.is_set():
             try:
-                with psycopg.connect(**params, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                with listening(NOTIFY_CHANNEL) as conn:
                     self.ready.set()
                     self.wake.set()  # anything enqueued while not listening
                     while not self._stop.is_set():

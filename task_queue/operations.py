@@ -21,7 +21,10 @@ from uuid import UUID
 from django.conf import settings
 from django.db import transaction
 
-from . import audit, blobs, queries, registry
+from task_queue.sql import enqueue as enqueue_sql
+from task_queue.sql import operator
+
+from . import audit, blobs, registry
 from .models import (
     MAX_ATTEMPTS_LIMIT,
     PRIORITY_MAX,
@@ -135,7 +138,7 @@ def enqueue_many(
             row["payload"] = {}
     with transaction.atomic():
         _check_workflows(rows, prefix, indexed)
-        results = queries.enqueue_tasks(rows)
+        results = enqueue_sql.enqueue_tasks(rows)
         for index, (row, result) in enumerate(zip(rows, results, strict=True)):
             # A task keyed before fingerprints were kept (None) matches any request.
             if (
@@ -145,7 +148,7 @@ def enqueue_many(
             ):
                 path = f"{prefix}[{index}].idempotency_key" if indexed else "idempotency_key"
                 raise IdempotencyConflict(row["idempotency_key"], result.id, path)
-        queries.notify_agents([row["agent_name"] for row in rows])
+        enqueue_sql.notify_agents([row["agent_name"] for row in rows])
     return [Enqueued(result.id, result.created) for result in results]
 
 
@@ -307,10 +310,10 @@ def revive(
     new_payload, new_ref = _stored(payload)
     with transaction.atomic():
         before = _payloads(ids) if payload is not None else {}
-        revived = queries.revive_tasks(
+        revived = operator.revive_tasks(
             ids=ids, actor=actor, payload=new_payload, payload_ref=new_ref, now=None
         )
-        queries.notify_agents([agent for _, agent in revived])
+        enqueue_sql.notify_agents([agent for _, agent in revived])
         revived_ids = [task_id for task_id, _ in revived]
         if revived_ids:
             changes = {}
@@ -340,7 +343,7 @@ def cancel(
     cancelled too: the operator gives up on them and they leave the dead letter.
     Returns {id: "cancelled" or "cancel_requested"} for the tasks affected."""
     with transaction.atomic():
-        outcome = dict(queries.cancel_tasks(ids=list(ids), actor=actor, now=None))
+        outcome = dict(operator.cancel_tasks(ids=list(ids), actor=actor, now=None))
         if outcome:
             audit.record(
                 actor=actor,
@@ -400,7 +403,7 @@ def resume_agent(agent_name: str, *, actor: str, source: str = "python") -> bool
     with transaction.atomic():
         deleted, _ = PausedAgent.objects.filter(agent_name=agent_name).delete()
         if deleted:
-            queries.notify_agents([agent_name])
+            enqueue_sql.notify_agents([agent_name])
             audit.record(actor=actor, action=Kind.RESUME, source=source, agent_name=agent_name)
     return bool(deleted)
 
@@ -445,7 +448,7 @@ def update_pending(
         raise InvalidTask("available_at", "must be a timezone-aware datetime")
     with transaction.atomic():
         before = Task.objects.select_for_update(no_key=True).filter(id=task_id).first()
-        found = queries.update_pending_task(
+        found = operator.update_pending_task(
             task_id=task_id,
             actor=actor,
             priority=priority,
@@ -460,7 +463,7 @@ def update_pending(
         status, agent_name = found
         if agent_name is None:
             raise TaskNotPending(status)
-        queries.notify_agents([agent_name])
+        enqueue_sql.notify_agents([agent_name])
         changes: dict[str, Any] = {}
         if payload is not None:
             old_payload = _readable_payload(before.payload, before.payload_ref)

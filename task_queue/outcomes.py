@@ -3,7 +3,7 @@
 Handlers finish one by one; their outcomes queue up here while the previous batch
 is being written, so under load each statement records many tasks and at low load
 a lone outcome is written at once. Each kind of outcome is one fenced statement
-(see ``queries``): a task whose lease this worker lost is refused and logged.
+(see ``task_queue.sql.outcomes``): a task whose lease this worker lost is refused and logged.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from datetime import datetime
 
 from django.db import DatabaseError, connection
 
-from . import queries
+from task_queue.sql import outcomes as outcomes_sql
+
 from .execution import Outcome, OutcomeKind, unrecordable
 from .retry import CONNECTION_ERRORS
 
@@ -125,13 +126,13 @@ class OutcomeWriter:
         now = self.now()
         recorded: set = set()
         if done := by_kind.get(OutcomeKind.COMPLETED):
-            recorded |= queries.complete_tasks(
+            recorded |= outcomes_sql.complete_tasks(
                 owner=self.owner,
                 done=[(o.task.id, o.task.lease_token, o.result_json, o.summary) for o in done],
                 now=now,
             )
         if failed := by_kind.get(OutcomeKind.FAILED):
-            rows = queries.fail_tasks(
+            rows = outcomes_sql.fail_tasks(
                 owner=self.owner,
                 failures=[
                     (o.task.id, o.task.lease_token, o.retryable, o.base_delay, o.error_json)
@@ -141,7 +142,7 @@ class OutcomeWriter:
             )
             recorded |= {row[0] for row in rows}
         if cancelled := by_kind.get(OutcomeKind.CANCELLED):
-            recorded |= queries.confirm_cancelled(
+            recorded |= outcomes_sql.confirm_cancelled(
                 owner=self.owner, held=[(o.task.id, o.task.lease_token) for o in cancelled], now=now
             )
         refused = [o.task.id for o in batch if o.task.id not in recorded]

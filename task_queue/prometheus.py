@@ -28,7 +28,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from . import metrics, queries, registry, stats
+from task_queue.sql import db, reading
+from task_queue.sql import metrics as metrics_sql
+
+from . import metrics, registry, stats
 from .models import HISTOGRAM_BOUNDS, TaskStatus, Worker
 
 COUNTERS = ("created", "completed", "failed", "dead", "retried", "cancelled")
@@ -97,7 +100,7 @@ class QueueCollector:
             "How long the longest-waiting due task has waited (0: none waits).",
             labels=["agent"],
         )
-        for agent, age in sorted(queries.oldest_pending_age_by_agent(agents).items()):
+        for agent, age in sorted(reading.oldest_pending_age_by_agent(agents).items()):
             oldest.add_metric([agent], age or 0.0)
         yield oldest
 
@@ -105,12 +108,12 @@ class QueueCollector:
 def cumulative_totals() -> dict[str, dict[str, Any]]:
     """Per agent, the counters and histograms since the rollups began: the stored
     rollups, then everything after them, computed now."""
-    totals = queries.rolled_up_totals()
+    totals = metrics_sql.rolled_up_totals()
     if totals is None:  # the first look ever: fix the start, so counters never drop
-        metrics.ensure_started(queries.database_clock())
-        totals = queries.rolled_up_totals()
+        metrics.ensure_started(db.database_clock())
+        totals = metrics_sql.rolled_up_totals()
     rolled_until, rows = totals
-    rows += queries.metrics_since(rolled_until, HISTOGRAM_BOUNDS)
+    rows += metrics_sql.metrics_since(rolled_until, HISTOGRAM_BOUNDS)
     slots = len(HISTOGRAM_BOUNDS) + 1
     totals: dict[str, dict[str, Any]] = defaultdict(
         lambda: {
@@ -142,6 +145,6 @@ def _cumulative(slot_counts: list[int]) -> list[tuple[str, int]]:
 
 def exposition() -> bytes:
     """The queue's metrics in the Prometheus text format (``CONTENT_TYPE_LATEST``)."""
-    metrics = CollectorRegistry(auto_describe=False)
-    metrics.register(QueueCollector())
-    return generate_latest(metrics)
+    collectors = CollectorRegistry(auto_describe=False)
+    collectors.register(QueueCollector())
+    return generate_latest(collectors)

@@ -9,29 +9,34 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from django.db import transaction
+from django.conf import settings
 
-from . import queries
+from task_queue import leases
+from task_queue.sql import enqueue as enqueue_sql
+from task_queue.sql import maintenance as maintenance_sql
+from task_queue.sql.leasing import TASK_LEASE
 
 logger = logging.getLogger(__name__)
 
-# pg_try_advisory_xact_lock key: "reap" in ASCII.
-REAPER_LOCK_KEY = 0x72656170
 BATCH = 1000
 
 
-def reap_expired_leases(
-    *, now: datetime | None = None, stale_worker_seconds: float = 90.0
-) -> list[tuple] | None:
+def reap_expired_leases(*, now: datetime | None = None) -> list[tuple] | None:
     """One reaper pass. Returns the (id, agent, new status) of the tasks recovered,
     or None if another worker holds the reaper lock right now."""
-    with transaction.atomic():
-        if not queries.try_advisory_xact_lock(REAPER_LOCK_KEY):
-            return None
-        reaped = queries.reap_expired_leases(limit=BATCH, now=now)
+
+    def reap() -> list[tuple]:
+        reaped = maintenance_sql.reap_expired_leases(limit=BATCH, now=now)
         if reaped:
-            queries.notify_agents([agent for _, agent, status in reaped if status == "pending"])
-        queries.prune_stale_workers(stale_seconds=stale_worker_seconds, now=now)
+            enqueue_sql.notify_agents([agent for _, agent, status in reaped if status == "pending"])
+        maintenance_sql.prune_stale_workers(
+            stale_seconds=settings.QUEUE_STALE_WORKER_SECONDS, now=now
+        )
+        return reaped
+
+    reaped = leases.recover(TASK_LEASE, reap)
+    if reaped is None:
+        return None
     for task_id, _, status in reaped:
         logger.warning("lease expired on task %s: now %s", task_id, status)
     return reaped

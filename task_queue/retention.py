@@ -3,14 +3,13 @@
 - completed and cancelled tasks, with their history, ``QUEUE_RETENTION_DAYS`` after
   they finished (a workflow's tasks only with the workflow, once it is closed and all
   of them are that old);
-- agent events and their embedding jobs after ``AGENT_EVENT_RETENTION_DAYS``: they are
-  the agents' memory, kept longer;
 - per-minute heartbeat counts and minute rollups once the wider rollups hold them;
-- agent messages: unacknowledged ones past their expiry (and no longer leased) are
-  marked expired, and acknowledged or expired ones go ``QUEUE_RETENTION_DAYS`` after
-  they expired; so do publications, with their deliveries;
 - event stream envelopes ``QUEUE_RETENTION_DAYS`` after they were emitted, once every
   relay has relayed them.
+
+The queue prunes its own tables; apps above it register steps for theirs
+(``register``), which run in the same batches, under the same lock: agents_app's
+agent events, messages and publications (``agents_app.retention``).
 
 Dead and failed tasks stay until an operator revives or cancels them. Each batch is
 its own short transaction that skips rows someone else has locked, so a pass never
@@ -20,13 +19,16 @@ makes a worker or an operator wait; one process prunes at a time (advisory lock)
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
 
-from . import queries
+from task_queue.sql import db, locks, outbox
+from task_queue.sql import retention as retention_sql
+
 from .models import RetentionRun
 
 logger = logging.getLogger(__name__)
@@ -34,59 +36,78 @@ logger = logging.getLogger(__name__)
 BATCH = 500
 EVERY_SECONDS = 60.0  # the maintenance loop prunes this often, not on every pass
 MAX_BATCHES = 20  # per kind and pass: a long backlog goes over several passes
-# pg_try_advisory_xact_lock key: "prun" in ASCII.
-RETENTION_LOCK_KEY = 0x7072756E
 MINUTE_METRICS_DAYS = 30
 
 
 @dataclass
 class Pruned:
+    """What a pass deleted, by kind (the kinds a prune step may count under)."""
+
     tasks: int = 0
     workflows: int = 0
     agent_events: int = 0
     messages: int = 0  # and publications
     stream_events: int = 0
 
+    def add(self, counts: dict[str, int]) -> None:
+        for kind, n in counts.items():
+            if kind in KINDS:
+                setattr(self, kind, getattr(self, kind) + n)
+
     def __bool__(self) -> bool:
-        return bool(
-            self.tasks or self.workflows or self.agent_events or self.messages
-            or self.stream_events
-        )  # fmt: skip
+        return any(getattr(self, kind) for kind in KINDS)
+
+
+KINDS = tuple(Pruned.__dataclass_fields__)
+
+# A prune step deletes (or expires) one batch of what it owns, in the pass's
+# transaction: given the database clock and the batch size, it returns its counts by
+# kind (a kind outside KINDS, such as "expired", is counted only towards another batch).
+PruneStep = Callable[[datetime, int], dict[str, int]]
+_steps: dict[str, PruneStep] = {}
+
+
+def register(name: str, step: PruneStep) -> None:
+    """Add a step to every retention pass: how an app above the queue (agents_app)
+    prunes its own tables under the queue's retention lock and schedule."""
+    _steps[name] = step
+
+
+def _finished_tasks(clock: datetime, batch: int) -> dict[str, int]:
+    cutoff = clock - timedelta(days=settings.QUEUE_RETENTION_DAYS)
+    tasks = retention_sql.prune_finished_tasks(cutoff=cutoff, batch=batch)
+    workflow_tasks, workflows = retention_sql.prune_finished_workflows(cutoff=cutoff, batch=batch)
+    return {"tasks": tasks + workflow_tasks, "workflows": workflows}
+
+
+def _stream_events(clock: datetime, batch: int) -> dict[str, int]:
+    cutoff = clock - timedelta(days=settings.QUEUE_RETENTION_DAYS)
+    return {"stream_events": outbox.prune_stream_events(cutoff=cutoff, batch=batch)}
+
+
+register("finished tasks and workflows", _finished_tasks)
+register("stream events", _stream_events)
 
 
 def prune(*, now: datetime | None = None) -> Pruned | None:
     """One retention pass; returns what it deleted, or None if another process is
     pruning right now."""
-    clock = now or queries.database_clock()
-    task_cutoff = clock - timedelta(days=settings.QUEUE_RETENTION_DAYS)
-    event_cutoff = clock - timedelta(days=settings.AGENT_EVENT_RETENTION_DAYS)
+    clock = now or db.database_clock()
     pruned = Pruned()
     for _ in range(MAX_BATCHES):
         with transaction.atomic():
-            if not queries.try_advisory_xact_lock(RETENTION_LOCK_KEY):
+            if not locks.try_advisory_xact_lock(locks.RETENTION):
                 return None
-            tasks = queries.prune_finished_tasks(cutoff=task_cutoff, batch=BATCH)
-            workflow_tasks, workflows = queries.prune_finished_workflows(
-                cutoff=task_cutoff, batch=BATCH
-            )
-            events = queries.prune_agent_events(cutoff=event_cutoff, batch=BATCH)
-            expired = queries.expire_messages(batch=BATCH)
-            messages = queries.prune_messages(cutoff=task_cutoff, batch=BATCH)
-            expired += queries.expire_deliveries(batch=BATCH)
-            messages += queries.prune_publications(cutoff=task_cutoff, batch=BATCH)
-            stream = queries.prune_stream_events(cutoff=task_cutoff, batch=BATCH)
-        pruned.tasks += tasks + workflow_tasks
-        pruned.workflows += workflows
-        pruned.agent_events += events
-        pruned.messages += messages
-        pruned.stream_events += stream
-        if max(tasks, workflows, events, expired, messages, stream) < BATCH:
+            counts = [step(clock, BATCH) for step in _steps.values()]
+        for step_counts in counts:
+            pruned.add(step_counts)
+        if all(n < BATCH for step_counts in counts for n in step_counts.values()):
             break
     with transaction.atomic():
-        queries.prune_worker_heartbeats(
+        retention_sql.prune_worker_heartbeats(
             cutoff=clock - timedelta(days=settings.QUEUE_METRICS_BACKFILL_DAYS)
         )
-        queries.prune_minute_metrics(cutoff=clock - timedelta(days=MINUTE_METRICS_DAYS))
+        retention_sql.prune_minute_metrics(cutoff=clock - timedelta(days=MINUTE_METRICS_DAYS))
         if pruned:
             RetentionRun.objects.create(
                 tasks=pruned.tasks,

@@ -2,7 +2,8 @@
 
 from typing import Any
 
-from . import queries
+from task_queue.sql import reading
+
 from .models import TaskStatus
 
 # Below this many rows (the planner's estimate) the tasks table is counted exactly;
@@ -19,14 +20,14 @@ def task_counts() -> tuple[list[tuple[str, str, int]], bool]:
     the planner's statistics once the table holds EXACT_COUNT_BELOW_ROWS rows.
     """
     estimates = []
-    if queries.estimated_table_rows() >= EXACT_COUNT_BELOW_ROWS:
-        estimates = queries.estimate_tasks_by_agent_and_status()
+    if reading.estimated_table_rows() >= EXACT_COUNT_BELOW_ROWS:
+        estimates = reading.estimate_tasks_by_agent_and_status()
     if not estimates:
         # No statistics (a small table, never analysed, or statistics this role may
         # not read): count exactly, slower at scale but never wrong.
-        return queries.count_tasks_by_agent_and_status(), False
+        return reading.count_tasks_by_agent_and_status(), False
     finished = [row for row in estimates if row[1] in ESTIMATED_STATUSES]
-    return queries.count_open_tasks() + finished, True
+    return reading.count_open_tasks() + finished, True
 
 
 def queue_stats() -> dict[str, Any]:
@@ -34,11 +35,11 @@ def queue_stats() -> dict[str, Any]:
     seconds of the longest-waiting due pending task (None when none waits)."""
     totals = dict.fromkeys(TaskStatus.values, 0)
     by_agent: dict[str, dict[str, int]] = {}
-    for agent, status, count in queries.count_tasks_by_agent_and_status():
+    for agent, status, count in reading.count_tasks_by_agent_and_status():
         totals[status] += count
         by_agent.setdefault(agent, dict.fromkeys(TaskStatus.values, 0))[status] = count
     return {
         "totals": totals,
         "by_agent": dict(sorted(by_agent.items())),
-        "oldest_pending_age_seconds": queries.oldest_pending_age_seconds(),
+        "oldest_pending_age_seconds": reading.oldest_pending_age_seconds(),
     }

@@ -30,7 +30,11 @@ from uuid import UUID
 import psutil
 from django.db import DatabaseError, connection, transaction
 
-from . import queries, reaper, registry
+from task_queue.sql import enqueue as enqueue_sql
+from task_queue.sql import leasing
+from task_queue.sql import outcomes as outcomes_sql
+
+from . import leases, reaper, registry
 from .execution import InFlight, StopReason, deadline_for, run_handler, timed_out
 from .notifications import Listener
 from .outcomes import OutcomeWriter
@@ -62,11 +66,6 @@ class WorkerReport:
     released: int
 
 
-def worker_id() -> str:
-    """hostname + process id (spec 001 §6)."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
 class Worker:
     def __init__(
         self, config: WorkerConfig, *, now: Callable[[], datetime | None] = lambda: None
@@ -75,7 +74,7 @@ class Worker:
         clock. Tests pass a fixed time to step through backoff without sleeping."""
         self.config = config
         self.now = now
-        self.id = worker_id()
+        self.id = leases.holder_id()
         self.agents = {name: registry.get(name)() for name in config.agents}
         self.inflight: dict[UUID, InFlight] = {}
         self.claimed = 0
@@ -129,7 +128,7 @@ class Worker:
             free = self._free_slots()
             try:
                 if not relaxed:
-                    queries.relax_commit_durability()
+                    leasing.relax_commit_durability()
                     relaxed = True
                 claimed = self._claim_and_dispatch(free) if free else 0
                 if free and claimed == free:
@@ -160,7 +159,7 @@ class Worker:
 
     def _claim_and_dispatch(self, limit: int) -> int:
         now = self.now()
-        claimed = queries.claim_tasks(
+        claimed = leasing.claim_tasks(
             owner=self.id,
             agents=list(self.agents),
             limit=limit,
@@ -174,7 +173,7 @@ class Worker:
         with self._lock:  # held from here on, so the heartbeat extends these leases
             self.inflight.update((f.task.id, f) for f in flights)
         try:
-            started = queries.start_tasks(owner=self.id, held=[f.held for f in flights], now=now)
+            started = leasing.start_tasks(owner=self.id, held=[f.held for f in flights], now=now)
         except DatabaseError:
             self._forget(flights)  # still leased: the reaper gives them back unharmed
             raise
@@ -184,7 +183,7 @@ class Worker:
                 self._work.put(flight)
         return len(claimed)
 
-    def _in_flight(self, task: queries.ClaimedTask) -> InFlight:
+    def _in_flight(self, task: leasing.ClaimedTask) -> InFlight:
         agent = self.agents[task.agent_name]
         return InFlight(task=task, agent=agent, deadline=deadline_for(agent))
 
@@ -195,7 +194,7 @@ class Worker:
 
     def _idle_wait(self) -> float:
         """Seconds until the next pending task falls due, within the poll interval."""
-        next_due = queries.next_due_at(list(self.agents))
+        next_due = leasing.next_due_at(list(self.agents))
         if next_due is None:
             return self.config.poll_seconds
         now = self.now() or datetime.now(UTC)
@@ -240,7 +239,7 @@ class Worker:
     def _heartbeat(self) -> None:
         flights = self._held_flights()
         try:
-            alive = queries.heartbeat(
+            alive = leasing.heartbeat(
                 owner=self.id,
                 held=[f.held for f in flights],
                 lease_seconds=self.config.lease_seconds,
@@ -272,9 +271,7 @@ class Worker:
 
     def _reap(self) -> None:
         try:
-            reaper.reap_expired_leases(
-                now=self.now(), stale_worker_seconds=max(3 * self.config.lease_seconds, 30.0)
-            )
+            reaper.reap_expired_leases(now=self.now())
         except CONNECTION_ERRORS as error:
             logger.warning("reaper pass failed (%s)", error)
             connection.close()
@@ -301,7 +298,7 @@ class Worker:
         for _ in range(self.config.concurrency):
             self._work.put(None)
         try:
-            queries.delete_worker(self.id)
+            leasing.delete_worker(self.id)
         except DatabaseError:
             logger.exception("could not remove the worker's row")
         connection.close()
@@ -309,10 +306,10 @@ class Worker:
     def _release(self, flights: list[InFlight]) -> None:
         try:
             with transaction.atomic():
-                released = queries.release_tasks(
+                released = outcomes_sql.release_tasks(
                     owner=self.id, held=[f.held for f in flights], now=self.now()
                 )
-                queries.notify_agents([agent for _, agent in released])
+                enqueue_sql.notify_agents([agent for _, agent in released])
         except DatabaseError:
             logger.exception(
                 "releasing %d leases failed; the reaper will recover them", len(flights)

@@ -16,8 +16,9 @@ from django.test import Client
 
 from agents_app.analytics import build_daily_report, schedule_daily_report
 from agents_app.models import AgentEvent, DailyReport
-from task_queue import metrics, operations, queries
+from task_queue import metrics, operations
 from task_queue.models import RollupProgress, Task, TaskQueueMetric, TaskStatus
+from task_queue.sql import db
 from tests.conftest import REPO, manage_env
 from tests.support.history import T0, at, seed_day_and_week, seed_history, seed_week
 from tests.support.users import staff
@@ -105,7 +106,7 @@ def test_a_bad_day_fails_the_task_for_good():
 
 
 def test_yesterdays_report_is_asked_for_once_however_many_schedulers():
-    now = queries.database_clock()
+    now = db.database_clock()
     today = metrics.bucket_floor(now, metrics.DAY)
     assert not schedule_daily_report(now=now)  # yesterday not rolled up yet
     RollupProgress.objects.create(bucket_seconds=metrics.DAY, computed_until=today)

@@ -10,8 +10,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from automechanica.dashboard import overview
-from task_queue import queries, stats
+from task_queue import stats
 from task_queue.models import Task
+from task_queue.sql import reading
 
 pytestmark = pytest.mark.django_db
 
@@ -40,7 +41,7 @@ def test_the_overview_estimates_finished_tasks_on_a_large_table(monkeypatch):
     for status in ("pending", "dead", "failed"):
         assert estimated.totals[status] == exact.totals[status]
     assert abs(estimated.totals["completed"] - exact.totals["completed"]) < 0.05 * 20_000
-    assert queries.estimated_table_rows() == pytest.approx(20_000, rel=0.05)
+    assert reading.estimated_table_rows() == pytest.approx(20_000, rel=0.05)
 
 
 def test_a_role_that_may_not_read_the_statistics_gets_exact_counts(monkeypatch):
@@ -53,7 +54,7 @@ def test_a_role_that_may_not_read_the_statistics_gets_exact_counts(monkeypatch):
         cursor.execute("CREATE ROLE dashboard_reader")
         cursor.execute("GRANT SELECT ON ALL TABLES IN SCHEMA public TO dashboard_reader")
         cursor.execute("SET LOCAL ROLE dashboard_reader")
-    assert queries.estimate_tasks_by_agent_and_status() == []
+    assert reading.estimate_tasks_by_agent_and_status() == []
     snapshot = overview.take_snapshot()
     assert not snapshot.estimated and snapshot.totals == exact.totals
 

@@ -16,8 +16,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents_app import messaging, pubsub
-from task_queue import event_stream, operations, queries
+from task_queue import event_stream, operations
 from task_queue.models import OutboxEvent
+from task_queue.sql import maintenance as maintenance_sql
 from tests.conftest import test_database_url as database_url
 from tests.conftest import wait_for
 from tests.support.queue import claim_and_start, complete_pending, fail_pending
@@ -70,7 +71,7 @@ def test_a_task_lifecycle_is_in_the_stream_in_order():
 def test_lease_expiry_failure_revive_and_cancel_are_in_the_stream():
     doomed = operations.enqueue("EchoAgent", "echo", {}, max_attempts=1).id
     claim_and_start("EchoAgent")
-    queries.reap_expired_leases(limit=10, now=timezone.now() + timedelta(hours=1))
+    maintenance_sql.reap_expired_leases(limit=10, now=timezone.now() + timedelta(hours=1))
     operations.revive([doomed], actor="user:op")
     operations.cancel([doomed], actor="user:op")
     refused = operations.enqueue("EchoAgent", "echo", {}).id
@@ -79,7 +80,7 @@ def test_lease_expiry_failure_revive_and_cancel_are_in_the_stream():
     abandoned = operations.enqueue("EchoAgent", "echo", {}).id
     claim_and_start("EchoAgent")
     operations.cancel([abandoned], actor="user:op")
-    queries.reap_expired_leases(limit=10, now=timezone.now() + timedelta(hours=1))
+    maintenance_sql.reap_expired_leases(limit=10, now=timezone.now() + timedelta(hours=1))
 
     assert [e.kind for e in events_of(doomed)] == [
         "evt.task.created.v1",

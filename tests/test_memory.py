@@ -16,7 +16,8 @@ from agents_app import memory
 from agents_app.embeddings import DIMENSIONS, embed, hashing_embedding
 from agents_app.memory import embed_batch, similar_events
 from agents_app.models import AgentEvent, EmbeddingJob
-from task_queue import operations, queries
+from agents_app.sql import memory as memory_sql
+from task_queue import operations
 from tests.conftest import REPO, manage_env
 from tests.support.api import token
 from tests.support.users import staff
@@ -84,10 +85,13 @@ def test_embedders_in_several_processes_embed_each_event_once():
 
 def test_a_lost_lease_is_given_back_and_its_late_answer_refused():
     event = remember("front brake pads")
-    (job,) = queries.claim_embedding_jobs(owner="dead:1", limit=10, lease_seconds=-1)
-    assert queries.recover_embedding_jobs() == 1  # the lease ran out: pending again
+    (job,) = memory_sql.claim_embedding_jobs(owner="dead:1", limit=10, lease_seconds=-1)
+    assert memory_sql.recover_embedding_jobs() == 1  # the lease ran out: pending again
     assert embed_batch("alive:2").embedded == 1
-    assert queries.complete_embedding_jobs([(job.id, job.lease_token, embed("x"))]) == set()
+    assert (
+        memory_sql.complete_embedding_jobs([(job.id, job.lease_token, embed("x"))], owner="dead:1")
+        == set()
+    )
     row = EmbeddingJob.objects.get(id=job.id)
     assert (row.status, row.attempts) == ("completed", 2)
     event.refresh_from_db()

@@ -14,7 +14,8 @@ from django.test import Client
 from agents_app import messaging
 from agents_app.messaging import InvalidMessage, ack, receive, reply, send
 from agents_app.models import AgentMessage
-from task_queue import queries, retention
+from agents_app.sql import messages as messages_sql
+from task_queue import retention
 from tests.support.api import token
 from tests.support.readers import outputs, start_waiting_readers
 
@@ -141,7 +142,7 @@ print(json.dumps(seen))
 def test_readers_in_several_processes_take_each_message_once():
     from django.db import transaction
 
-    readers = start_waiting_readers(READER, 3, queries.MESSAGES_CHANNEL)
+    readers = start_waiting_readers(READER, 3, messages_sql.MESSAGES_CHANNEL)
     with transaction.atomic():  # one commit: every reader wakes at once
         sent = {str(send("PricingAgent", "FitmentAgent", "task_request", {"n": n}))
                 for n in range(300)}  # fmt: skip

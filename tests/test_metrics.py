@@ -9,8 +9,9 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from task_queue import metrics, operations, queries
+from task_queue import metrics, operations
 from task_queue.models import HISTOGRAM_BOUNDS, RollupProgress, TaskQueueMetric
+from task_queue.sql import db, locks
 from tests.conftest import REPO, manage_env
 from tests.support.history import T0, at, seed_history
 from tests.support.queue import complete_pending
@@ -127,10 +128,10 @@ def test_one_process_rolls_up_at_a_time():
     params.pop("cursor_factory", None)
     params.pop("context", None)
     with psycopg.connect(**params, autocommit=True) as holder:
-        holder.execute("SELECT pg_advisory_lock(%s)", [metrics.ROLLUP_LOCK_KEY])
+        holder.execute("SELECT pg_advisory_lock(%s)", [locks.ROLLUP])
         maintenance_once()  # another process holds the lock: it writes nothing
         assert not TaskQueueMetric.objects.exists()
-        holder.execute("SELECT pg_advisory_unlock(%s)", [metrics.ROLLUP_LOCK_KEY])
+        holder.execute("SELECT pg_advisory_unlock(%s)", [locks.ROLLUP])
     maintenance_once()
     assert {r["bucket_start"] for r in rows_of_agent("EchoAgent")} >= {T0, at(60)}
 
@@ -155,7 +156,7 @@ def rows_of_agent(agent: str) -> list[dict]:
 def test_the_overview_charts_read_the_minute_rollups():
     from automechanica.dashboard.overview import take_snapshot
 
-    now = queries.database_clock()
+    now = db.database_clock()
     rolled = metrics.bucket_floor(now, 60)
     ten_minutes_ago = rolled - timedelta(minutes=10)
     RollupProgress.objects.create(bucket_seconds=60, computed_until=rolled)
@@ -168,4 +169,4 @@ def test_the_overview_charts_read_the_minute_rollups():
     assert complete_pending("EchoAgent") == [task_id]
     minutes = {minute: (done, failed) for minute, done, failed in take_snapshot().minutes}
     assert minutes[ten_minutes_ago] == (7, 2)  # no task behind it: from the rollup
-    assert minutes[metrics.bucket_floor(queries.database_clock(), 60)] == (1, 0)
+    assert minutes[metrics.bucket_floor(db.database_clock(), 60)] == (1, 0)

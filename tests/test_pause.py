@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from task_queue import operations, queries
+from task_queue import operations
 from task_queue.models import Task, TaskStatus, Worker
+from task_queue.sql import leasing
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -19,12 +20,12 @@ def test_claims_skip_a_paused_agent_and_its_due_time():
     paused = operations.enqueue("EchoAgent", "echo", {}).id
     operations.pause_agent("EchoAgent", actor="user:test")
     assert (
-        queries.claim_tasks(owner="t:1", agents=["EchoAgent"], limit=10, lease_seconds=30, now=None)
+        leasing.claim_tasks(owner="t:1", agents=["EchoAgent"], limit=10, lease_seconds=30, now=None)
         == []
     )
-    assert queries.next_due_at(["EchoAgent"]) is None  # the worker sleeps instead of spinning
+    assert leasing.next_due_at(["EchoAgent"]) is None  # the worker sleeps instead of spinning
     operations.resume_agent("EchoAgent", actor="user:test")
-    claimed = queries.claim_tasks(
+    claimed = leasing.claim_tasks(
         owner="t:1", agents=["EchoAgent"], limit=10, lease_seconds=30, now=None
     )
     assert [task.id for task in claimed] == [paused]

@@ -1,11 +1,13 @@
-"""The fenced statements of task_queue.queries, driven directly with a controlled clock."""
+"""The fenced statements of task_queue.sql (leasing, outcomes), driven with a controlled clock."""
 
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from task_queue import operations, queries, reaper
+from task_queue import operations, reaper
 from task_queue.models import Task, TaskHistory, TaskStatus
+from task_queue.sql import leasing
+from task_queue.sql import outcomes as outcomes_sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -13,10 +15,10 @@ LEASE = 30.0
 
 
 def claim_and_start(owner, now):
-    (task,) = queries.claim_tasks(
+    (task,) = leasing.claim_tasks(
         owner=owner, agents=["EchoAgent"], limit=1, lease_seconds=LEASE, now=now
     )
-    assert queries.start_tasks(owner=owner, held=[(task.id, task.lease_token)], now=now) == {
+    assert leasing.start_tasks(owner=owner, held=[(task.id, task.lease_token)], now=now) == {
         task.id
     }
     return task
@@ -35,9 +37,9 @@ def test_same_worker_cannot_write_with_a_lease_it_lost():
     assert second.lease_token != first.lease_token
 
     stale = (task_id, first.lease_token, '{"from": "stale"}', "stale")
-    assert queries.complete_tasks(owner="host:1", done=[stale], now=after_expiry) == set()
+    assert outcomes_sql.complete_tasks(owner="host:1", done=[stale], now=after_expiry) == set()
     assert (
-        queries.heartbeat(
+        leasing.heartbeat(
             owner="host:1",
             held=[(task_id, first.lease_token)],
             lease_seconds=LEASE,
@@ -50,7 +52,7 @@ def test_same_worker_cannot_write_with_a_lease_it_lost():
         == {}
     )
     fresh = (task_id, second.lease_token, '{"from": "fresh"}', "fresh")
-    assert queries.complete_tasks(owner="host:1", done=[fresh], now=after_expiry) == {task_id}
+    assert outcomes_sql.complete_tasks(owner="host:1", done=[fresh], now=after_expiry) == {task_id}
     assert Task.objects.get(id=task_id).result == {"from": "fresh"}
 
 
@@ -59,7 +61,7 @@ def test_heartbeat_extends_the_lease_so_the_reaper_leaves_it():
     t0 = datetime.now(UTC) + timedelta(seconds=1)
     task = claim_and_start("host:1", t0)
     later = t0 + timedelta(seconds=LEASE - 1)
-    alive = queries.heartbeat(
+    alive = leasing.heartbeat(
         owner="host:1",
         held=[(task.id, task.lease_token)],
         lease_seconds=LEASE,
@@ -96,7 +98,7 @@ def test_a_task_that_keeps_killing_its_worker_ends_dead():
 def test_a_lease_that_expires_before_the_task_started_counts_no_attempt():
     task_id = operations.enqueue("EchoAgent", "echo").id
     t0 = datetime.now(UTC) + timedelta(seconds=1)
-    queries.claim_tasks(owner="host:1", agents=["EchoAgent"], limit=1, lease_seconds=LEASE, now=t0)
+    leasing.claim_tasks(owner="host:1", agents=["EchoAgent"], limit=1, lease_seconds=LEASE, now=t0)
     reaper.reap_expired_leases(now=t0 + timedelta(seconds=LEASE + 1))
     task = Task.objects.get(id=task_id)
     assert (task.status, task.attempts, task.error_info) == (TaskStatus.PENDING, 0, None)
@@ -104,12 +106,12 @@ def test_a_lease_that_expires_before_the_task_started_counts_no_attempt():
 
 def test_cancel_of_a_leased_task_keeps_it_from_starting():
     task_id = operations.enqueue("EchoAgent", "echo").id
-    (task,) = queries.claim_tasks(
+    (task,) = leasing.claim_tasks(
         owner="host:1", agents=["EchoAgent"], limit=1, lease_seconds=LEASE, now=None
     )
     assert operations.cancel([task_id], actor="user:test") == {task_id: "cancelled"}
     assert (
-        queries.start_tasks(owner="host:1", held=[(task.id, task.lease_token)], now=None) == set()
+        leasing.start_tasks(owner="host:1", held=[(task.id, task.lease_token)], now=None) == set()
     )
     assert Task.objects.get(id=task_id).status == TaskStatus.CANCELLED
 
@@ -117,7 +119,7 @@ def test_cancel_of_a_leased_task_keeps_it_from_starting():
 def test_only_one_reaper_runs_at_a_time():
     from django.db import connections, transaction
 
-    from task_queue.reaper import REAPER_LOCK_KEY
+    from task_queue.sql.locks import REAPER as REAPER_LOCK_KEY
 
     other = connections.create_connection("default")
     try:

@@ -10,8 +10,9 @@ import pytest
 from django.db import connection
 
 from agents_app.models import AgentEvent, EmbeddingJob
-from task_queue import operations, queries, retention
+from task_queue import operations, retention
 from task_queue.models import RetentionRun, Task, TaskHistory, TaskStatus
+from task_queue.sql import db
 from tests.support.queue import claim_and_start, complete_pending, fail_pending
 from workflows.models import Workflow
 
@@ -23,7 +24,7 @@ def task(**options) -> UUID:
 
 
 def finished_days_ago(days: float, *ids: UUID) -> None:
-    when = queries.database_clock() - timedelta(days=days)
+    when = db.database_clock() - timedelta(days=days)
     Task.objects.filter(id__in=ids).update(finished_at=when)
 
 
@@ -58,10 +59,10 @@ def test_pruning_deletes_exactly_the_finished_tasks_past_retention():
            troubled_done, troubled_dead, open_done]  # fmt: skip
     finished_days_ago(8, *old)
     finished_days_ago(1, recent_done)
-    Workflow.objects.update(created_at=queries.database_clock() - timedelta(days=9))
+    Workflow.objects.update(created_at=db.database_clock() - timedelta(days=9))
     old_event = AgentEvent.objects.get(task_id=old_done)
     AgentEvent.objects.filter(id=old_event.id).update(
-        created_at=queries.database_clock() - timedelta(days=91)
+        created_at=db.database_clock() - timedelta(days=91)
     )
     history_before = dict(
         (t, TaskHistory.objects.filter(task_id=t).count())
@@ -125,7 +126,7 @@ def test_stream_events_go_once_old_and_relayed_keeping_the_newest():
         task()
     event_stream.sequence()
     task()  # no position yet
-    OutboxEvent.objects.update(emitted_at=queries.database_clock() - timedelta(days=30))
+    OutboxEvent.objects.update(emitted_at=db.database_clock() - timedelta(days=30))
     EventRelayCursor.objects.create(destination="nats://x", position=2)
 
     assert retention.prune().stream_events == 2  # what the relay confirmed

@@ -158,7 +158,7 @@ def test_rolled_back_enqueue_leaves_no_task_and_no_wakeup():
     import psycopg
     from django.db import connection
 
-    from task_queue.queries import NOTIFY_CHANNEL
+    from task_queue.sql.channels import NOTIFY_CHANNEL
 
     with psycopg.connect(**connection.get_connection_params(), autocommit=True) as listener:
         listener.execute(f"LISTEN {NOTIFY_CHANNEL}")

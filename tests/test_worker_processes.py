@@ -6,9 +6,10 @@ import uuid
 
 import pytest
 
-from task_queue import operations, queries
+from task_queue import operations
 from task_queue.models import Task, TaskHistory, TaskStatus, Worker
 from task_queue.operations import TaskSpec
+from task_queue.sql import outcomes as outcomes_sql
 
 from .conftest import count_rows, kill, wait_for
 
@@ -73,11 +74,13 @@ def test_sigkilled_worker_task_is_recovered_and_its_late_write_refused(
     assert completed.actor == rescuer.worker_id
     # The killed worker's lease is gone: a late write with it changes nothing.
     assert (
-        queries.complete_tasks(owner=old_owner, done=[(task_id, old_token, "{}", "late")], now=None)
+        outcomes_sql.complete_tasks(
+            owner=old_owner, done=[(task_id, old_token, "{}", "late")], now=None
+        )
         == set()
     )
     assert (
-        queries.fail_tasks(
+        outcomes_sql.fail_tasks(
             owner=old_owner, failures=[(task_id, old_token, True, 5.0, "{}")], now=None
         )
         == []

@@ -54,7 +54,11 @@ def render_overview(snapshot: Snapshot, *, can_pause: bool) -> str:
 
 def workers_context() -> dict[str, Any]:
     now = timezone.now()
-    return {"workers": worker_lines(now), "now": now}
+    return {
+        "workers": worker_lines(now),
+        "now": now,
+        "stale_worker_seconds": settings.QUEUE_STALE_WORKER_SECONDS,
+    }
 
 
 def render_workers() -> str:

@@ -27,13 +27,12 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import psycopg
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
-from django.db import connection
 
+from task_queue.listen import listening_async
 from task_queue.models import REVIVABLE_STATUSES
-from task_queue.queries import TASK_CHANGES_CHANNEL
+from task_queue.sql.channels import TASK_CHANGES_CHANNEL
 
 from . import fragments
 from .overview import take_snapshot
@@ -117,14 +116,9 @@ class Hub:
     # ------------------------------------------------------------ task changes
 
     async def _listen(self) -> None:
-        params = await database_sync_to_async(connection.get_connection_params)()
-        # Django's are for its own synchronous connections.
-        params.pop("cursor_factory", None)
-        params.pop("context", None)
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(**params, autocommit=True) as conn:
-                    await conn.execute(f"LISTEN {TASK_CHANGES_CHANNEL}")
+                async with listening_async(TASK_CHANGES_CHANNEL) as conn:
                     self.listening.set()
                     async for note in conn.notifies():
                         await self._dispatch(json.loads(note.payload))

@@ -17,8 +17,9 @@ from django.db.models import Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from task_queue import operations, queries, registry, stats
+from task_queue import operations, registry, stats
 from task_queue.models import PausedAgent, RetentionRun, TaskStatus, Worker
+from task_queue.sql import reading
 
 CHART_MINUTES = 60
 
@@ -72,12 +73,12 @@ def take_snapshot() -> Snapshot:
     for agent, status, n in rows:
         counts.setdefault(agent, dict(zero))[status] = n
     lines = {name: AgentLine(name, c) for name, c in sorted(counts.items())}
-    for activity in queries.recent_activity():
+    for activity in reading.recent_activity():
         line = lines.setdefault(activity.agent_name, AgentLine(activity.agent_name, dict(zero)))
         line.completed, line.failed = activity.completed, activity.failed
         line.queue_wait = activity.queue_wait_seconds and activity.queue_wait_seconds[:2]
         line.run_time = activity.run_seconds and activity.run_seconds[:2]
-    for name, age in queries.oldest_pending_age_by_agent(list(lines)).items():
+    for name, age in reading.oldest_pending_age_by_agent(list(lines)).items():
         lines[name].oldest_pending_seconds = age
     for name, paused in operations.paused_agents().items():
         if name in lines:
@@ -114,7 +115,7 @@ def worker_lines(now: datetime) -> list[WorkerLine]:
 
 def _minutes(now: datetime) -> list[tuple[datetime, int, int]]:
     """The last hour minute by minute, with the minutes that had nothing filled in."""
-    found = {minute: (done, failed) for minute, done, failed in queries.finished_per_minute()}
+    found = {minute: (done, failed) for minute, done, failed in reading.finished_per_minute()}
     last = now.replace(second=0, microsecond=0)
     minutes = [last - timedelta(minutes=m) for m in range(CHART_MINUTES - 1, -1, -1)]
     return [(m, *found.get(m, (0, 0))) for m in minutes]

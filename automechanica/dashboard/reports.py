@@ -16,8 +16,9 @@ from django.views.decorators.http import require_GET, require_POST
 
 from agents_app.analytics import COUNTS
 from agents_app.models import DailyReport
-from task_queue import operations, queries
+from task_queue import operations
 from task_queue.models import Task, TaskStatus
+from task_queue.sql import db
 
 from . import charts
 
@@ -32,7 +33,7 @@ CSV_COLUMNS = (
 @staff_member_required
 @require_GET
 def daily_reports(request: HttpRequest) -> HttpResponse:
-    today = queries.database_clock().date()
+    today = db.database_clock().date()
     return render(
         request,
         "dashboard/reports.html",

@@ -24,9 +24,10 @@ from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET, require_POST
 
 from agents_app.memory import similar_events, task_text
-from task_queue import blobs, operations, queries, registry
+from task_queue import blobs, operations, registry
 from task_queue.audit import user_actor
 from task_queue.models import OperatorAction, Task, TaskStatus, Workflow
+from task_queue.sql import db
 
 from . import fragments
 from .deadletter import DeadLetterFilter
@@ -118,7 +119,7 @@ def dead_letter_confirm(request: HttpRequest) -> HttpResponse:
         return HttpResponseBadRequest("action must be revive or cancel")
     _require(request, action)
     form = DeadLetterFilter(request.GET)
-    confirmed_at = queries.database_clock()
+    confirmed_at = db.database_clock()
     context = {
         "action": action,
         "count": _dead_by(form, confirmed_at).count(),

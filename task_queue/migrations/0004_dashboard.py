@@ -5,7 +5,7 @@ import django.contrib.postgres.indexes
 import django.db.models.functions.datetime
 from django.db import migrations, models
 
-# Live dashboards LISTEN on this channel (task_queue.queries.TASK_CHANGES_CHANNEL).
+# Live dashboards LISTEN on this channel (task_queue.sql.channels.TASK_CHANGES_CHANNEL).
 # One notification per statement, not per row: the tasks whose status changed, up to
 # 60 of them ([id, status] pairs), and "more" when there were others.
 NOTIFY_TASK_CHANGES = """

@@ -1,6 +1,6 @@
 from django.db import migrations
 
-# The dashboard's notification (task_queue.queries.TASK_CHANGES_CHANNEL) now carries
+# The dashboard's notification (task_queue.sql.channels.TASK_CHANGES_CHANNEL) now carries
 # each task's status before and after, so a dead-letter page can tell a task that
 # left the dead letter from one that arrived, and it fires on every change a task page
 # shows (an edited payload or priority, a run-now, a cancel request), not only on

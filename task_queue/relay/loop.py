@@ -19,9 +19,10 @@ from typing import Any, Protocol
 
 from asgiref.sync import sync_to_async
 
-from task_queue import event_stream, queries
+from task_queue import event_stream
 from task_queue.event_stream import Envelope
 from task_queue.relay.commands import InvalidCommand, execute_command
+from task_queue.sql import outbox
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class Relay:
 
     async def run(self, stop: asyncio.Event) -> RelayStats:
         """Relay until ``stop`` is set (with ``once``: until nothing is pending)."""
-        if not await _db(queries.try_relay_lock)(self.destination):
+        if not await _db(outbox.try_relay_lock)(self.destination):
             raise RelayBusy(f"another relay_events is relaying to {self.destination}")
         try:
             await self._run_connected(stop)
@@ -98,7 +99,7 @@ class Relay:
                 await self.bridge.close()
             # (On a lost database connection the lock went with it.)
             with contextlib.suppress(Exception):
-                await _db(queries.relay_unlock)(self.destination)
+                await _db(outbox.relay_unlock)(self.destination)
         return self.stats
 
     async def _run_connected(self, stop: asyncio.Event) -> None:
@@ -144,7 +145,7 @@ class Relay:
                 self.bridge.consume_commands(self._execute, drain=self.once)
             )
         try:
-            position = await _db(queries.relay_cursor)(self.destination)
+            position = await _db(outbox.relay_cursor)(self.destination)
             self.stats.position = position
             reported = time.monotonic()
             while not stop.is_set():
@@ -157,7 +158,7 @@ class Relay:
                     await self.bridge.publish(events)
                     self.working = True
                     position = events[-1].position
-                    await _db(queries.advance_relay_cursor)(
+                    await _db(outbox.advance_relay_cursor)(
                         destination=self.destination, position=position, relayed=len(events)
                     )
                     self.stats.relayed += len(events)

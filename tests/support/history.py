@@ -7,8 +7,10 @@ import json
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
-from task_queue import metrics, operations, queries
+from task_queue import metrics, operations
 from task_queue.models import RollupProgress, Task, TaskQueueMetric
+from task_queue.sql import leasing
+from task_queue.sql import outcomes as outcomes_sql
 
 T0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
 OWNER = "metrics-test:1"
@@ -25,26 +27,26 @@ def created(seconds: float, **options) -> UUID:
 
 
 def start(seconds: float) -> dict[UUID, UUID]:
-    claimed = queries.claim_tasks(
+    claimed = leasing.claim_tasks(
         owner=OWNER, agents=["EchoAgent"], limit=10, lease_seconds=600, now=at(seconds)
     )
     held = [(t.id, t.lease_token) for t in claimed]
-    queries.start_tasks(owner=OWNER, held=held, now=at(seconds))
+    leasing.start_tasks(owner=OWNER, held=held, now=at(seconds))
     return dict(held)
 
 
 def complete(task_id: UUID, token: UUID, seconds: float) -> None:
-    queries.complete_tasks(owner=OWNER, done=[(task_id, token, "{}", "done")], now=at(seconds))
+    outcomes_sql.complete_tasks(owner=OWNER, done=[(task_id, token, "{}", "done")], now=at(seconds))
 
 
 def fail(task_id: UUID, token: UUID, seconds: float, error: str, *, retryable: bool,
          delay: float = 0.0) -> None:  # fmt: skip
     failure = (task_id, token, retryable, delay, json.dumps({"type": error, "message": "x"}))
-    queries.fail_tasks(owner=OWNER, failures=[failure], now=at(seconds))
+    outcomes_sql.fail_tasks(owner=OWNER, failures=[failure], now=at(seconds))
 
 
 def beat(seconds: float) -> None:
-    queries.heartbeat(owner=OWNER, held=[], lease_seconds=600, hostname="h", pid=1,
+    leasing.heartbeat(owner=OWNER, held=[], lease_seconds=600, hostname="h", pid=1,
                       agents=["EchoAgent"], concurrency=1, now=at(seconds))  # fmt: skip
 
 

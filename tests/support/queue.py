@@ -6,15 +6,16 @@ import json
 from typing import Any
 from uuid import UUID
 
-from task_queue import queries
+from task_queue.sql import leasing
+from task_queue.sql import outcomes as outcomes_sql
 
 OWNER = "test-host:1"
 
 
 def claim_and_start(agent: str) -> list[tuple[UUID, UUID]]:
-    tasks = queries.claim_tasks(owner=OWNER, agents=[agent], limit=1000, lease_seconds=30, now=None)
+    tasks = leasing.claim_tasks(owner=OWNER, agents=[agent], limit=1000, lease_seconds=30, now=None)
     held = [(t.id, t.lease_token) for t in tasks]
-    queries.start_tasks(owner=OWNER, held=held, now=None)
+    leasing.start_tasks(owner=OWNER, held=held, now=None)
     return held
 
 
@@ -22,7 +23,7 @@ def complete_pending(agent: str, result: Any = None) -> list[UUID]:
     """Run every due pending task of ``agent`` to completed with ``result``."""
     held = claim_and_start(agent)
     done = [(i, token, json.dumps(result or {"ok": True}), "done") for i, token in held]
-    return sorted(queries.complete_tasks(owner=OWNER, done=done, now=None))
+    return sorted(outcomes_sql.complete_tasks(owner=OWNER, done=done, now=None))
 
 
 def fail_pending(agent: str, *, retryable: bool) -> list[tuple[UUID, str, int, Any]]:
@@ -39,4 +40,4 @@ def fail_pending(agent: str, *, retryable: bool) -> list[tuple[UUID, str, int, A
     failures = [
         (i, token, retryable, 0.0, json.dumps(error)) for i, token in claim_and_start(agent)
     ]
-    return queries.fail_tasks(owner=OWNER, failures=failures, now=None)
+    return outcomes_sql.fail_tasks(owner=OWNER, failures=failures, now=None)

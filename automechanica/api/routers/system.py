@@ -7,8 +7,9 @@ from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Router
 
-from task_queue import queries, registry
+from task_queue import registry
 from task_queue.models import TaskStatus, Worker
+from task_queue.sql import reading
 from task_queue.stats import queue_stats
 
 from ..auth import READ
@@ -50,7 +51,7 @@ def metrics(request: HttpRequest):
     """Counts by agent × status, throughput over the last 1/5/15 minutes, and queue
     wait and run time percentiles of the tasks that finished in the last 15 minutes."""
     stats = queue_stats()
-    recent = {a.agent_name: a for a in queries.recent_activity()}
+    recent = {a.agent_name: a for a in reading.recent_activity()}
     agents = {}
     for name in sorted(set(stats["by_agent"]) | set(recent) | set(registry.names())):
         activity = recent.get(name)

@@ -12,7 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from task_queue import queries, registry
+from task_queue import bench_sql, registry
 
 BATCH = 100_000
 
@@ -40,12 +40,12 @@ class Command(BaseCommand):
         while done < options["count"]:
             size = min(BATCH, options["count"] - done)
             with transaction.atomic():
-                queries.seed_tasks(
+                bench_sql.seed_tasks(
                     start=done, count=size, agents=registry.names(), shares=shares,
                     days=options["days"], batch=batch,
                 )  # fmt: skip
             done += size
             self.stdout.write(f"{done} tasks inserted ({time.monotonic() - started:.0f} s)")
-        queries.analyze_tasks()
+        bench_sql.analyze_tasks()
         elapsed = time.monotonic() - started
         self.stdout.write(f"seeded {done} tasks (batch {batch}) in {elapsed:.0f} s")

@@ -13,9 +13,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.test import Client
 
 from automechanica.dashboard.overview import take_snapshot
-from task_queue import queries
 from task_queue.bench import machine_facts
 from task_queue.models import REVIVABLE_STATUSES, Task
+from task_queue.sql import reading
 
 BENCH_USER = "dashboard-bench"
 
@@ -48,7 +48,7 @@ class Command(BaseCommand):
                    for name, path in pages.items()}  # fmt: skip
         results["live snapshot (once a second)"] = self._time(take_snapshot, options["repeat"])
         report = {
-            "tasks_estimated": int(queries.estimated_table_rows()),
+            "tasks_estimated": int(reading.estimated_table_rows()),
             "repeat": options["repeat"],
             "milliseconds": results,
             "machine": machine_facts(),

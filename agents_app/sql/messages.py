@@ -1,0 +1,182 @@
+"""Direct messages between agents: send, leased mailbox reads, ack, expiry, retention."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from uuid import UUID
+
+from task_queue import leases
+from task_queue.leases import Lease
+from task_queue.sql import locks
+from task_queue.sql.db import execute, fetch
+
+MESSAGES_CHANNEL = "automechanica_messages"  # payload: the recipient agent's name
+
+
+# One statement: the message, and the notification that wakes its recipient's readers
+# (sent at commit, so a rolled-back send wakes nobody).
+SEND_MESSAGE = f"""
+WITH sent AS (
+    INSERT INTO agent_messages (from_agent, to_agent, message_type, payload, payload_ref,
+                                priority, correlation_id, reply_to, metadata, expires_at)
+    VALUES (%(from_agent)s, %(to_agent)s, %(message_type)s, %(payload)s::jsonb,
+            %(payload_ref)s, %(priority)s, %(correlation_id)s, %(reply_to)s, %(metadata)s::jsonb,
+            now() + make_interval(secs => %(expires_in)s))
+    RETURNING id, to_agent
+)
+SELECT sent.id, pg_notify('{MESSAGES_CHANNEL}', sent.to_agent) IS NULL FROM sent
+"""
+
+
+# A message is leased to one reader for its visibility timeout: the lease's end is
+# visible_at, when the message may be received again, and its token is the receipt
+# the reader acknowledges with. clock_timestamp(), not now(): a reader inside a long
+# transaction still sees what became visible after it began.
+MESSAGE_LEASE = Lease(
+    table="agent_messages",
+    token="receipt",
+    ends="visible_at",
+    held=("delivered",),
+    recovery_lock=locks.MESSAGE_RECOVERY,
+    clock="clock_timestamp()",
+    ends_cleared=False,
+)
+_NOW = MESSAGE_LEASE.now
+
+# A mailbox read: the visible messages of one agent, highest priority first, then
+# oldest, each leased to this reader under a new receipt. SKIP LOCKED: two readers of
+# one agent never take the same message at once.
+RECEIVE_MESSAGES = f"""
+WITH visible AS (
+    SELECT id FROM agent_messages
+    WHERE to_agent = %(agent)s AND status IN ('pending', 'delivered')
+      AND visible_at <= {_NOW} AND expires_at > {_NOW}
+    ORDER BY priority DESC, created_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE agent_messages m
+SET status = 'delivered', delivered_at = {_NOW}, delivery_count = m.delivery_count + 1,
+    {MESSAGE_LEASE.grant("%(visibility_seconds)s")}
+FROM visible
+WHERE m.id = visible.id
+RETURNING m.id, m.from_agent, m.to_agent, m.message_type, m.payload, m.payload_ref,
+          m.priority, m.correlation_id, m.reply_to, m.metadata, m.created_at, m.expires_at,
+          m.delivery_count, m.receipt
+"""
+
+# Fenced by the receipt: a reader whose lease ran out (the message went to another,
+# or was given back) cannot acknowledge it.
+ACK_MESSAGE = f"""
+UPDATE agent_messages m
+SET status = 'acknowledged', acknowledged_at = {_NOW}, {MESSAGE_LEASE.clear()}
+WHERE {MESSAGE_LEASE.fenced("m")} AND m.status = 'delivered'
+RETURNING m.id
+"""
+
+
+def recover_statement(lease: Lease) -> str:
+    """Give back the rows of ``lease``'s table (messages or publication deliveries:
+    the same columns) whose reader's lease ended: pending again, receivable at once."""
+    return f"""
+UPDATE {lease.table} x
+SET status = 'pending', {lease.clear()}
+WHERE {lease.expired("x")}
+RETURNING x.id
+"""
+
+
+def expire_statement(lease: Lease) -> str:
+    """Mark up to %(batch)s open, unleased rows of ``lease``'s table whose expiry passed
+    as expired. Retention, in batches that skip rows someone holds: a row still leased
+    to a reader is left to it until the lease ends, so its acknowledgement is not
+    refused."""
+    return f"""
+WITH due AS (
+    SELECT id FROM {lease.table}
+    WHERE status IN ('pending', 'delivered') AND expires_at <= {lease.now}
+      AND visible_at <= {lease.now}
+    ORDER BY expires_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {lease.table} x SET status = 'expired', {lease.clear()} FROM due WHERE x.id = due.id
+"""
+
+
+RECOVER_MESSAGES = recover_statement(MESSAGE_LEASE)
+EXPIRE_MESSAGES = expire_statement(MESSAGE_LEASE)
+
+
+PRUNE_MESSAGES = """
+WITH doomed AS (
+    SELECT id FROM agent_messages
+    WHERE status IN ('acknowledged', 'expired') AND expires_at < %(cutoff)s
+    ORDER BY expires_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM agent_messages m USING doomed WHERE m.id = doomed.id
+"""
+
+
+def send_message(
+    *,
+    from_agent: str,
+    to_agent: str,
+    message_type: str,
+    payload: str,
+    payload_ref: str | None,
+    priority: int,
+    correlation_id: str | None,
+    reply_to: str | None,
+    metadata: str,
+    expires_in: float,
+) -> UUID:
+    params = {
+        "from_agent": from_agent,
+        "to_agent": to_agent,
+        "message_type": message_type,
+        "payload": payload,
+        "payload_ref": payload_ref,
+        "priority": priority,
+        "correlation_id": correlation_id,
+        "reply_to": reply_to,
+        "metadata": metadata,
+        "expires_in": expires_in,
+    }
+    return fetch(SEND_MESSAGE, params)[0][0]
+
+
+def receive_messages(
+    *, agent: str, limit: int, visibility_seconds: float, now: datetime | None = None
+) -> list[tuple]:
+    params = {
+        "agent": agent,
+        "limit": limit,
+        "visibility_seconds": visibility_seconds,
+        "now": now,
+    }
+    return fetch(RECEIVE_MESSAGES, params)
+
+
+def ack_message(message_id: UUID, receipt: UUID, *, now: datetime | None = None) -> bool:
+    return bool(fetch(ACK_MESSAGE, {"id": message_id, "token": receipt, "now": now}))
+
+
+def recover_messages(*, now: datetime | None = None) -> int | None:
+    """Messages whose reader's lease ended, given back; how many, or None when
+    another process is recovering them right now."""
+    recovered = leases.recover(MESSAGE_LEASE, lambda: fetch(RECOVER_MESSAGES, {"now": now}))
+    return None if recovered is None else len(recovered)
+
+
+def expire_messages(*, batch: int, now: datetime | None = None) -> int:
+    """Mark up to ``batch`` unacknowledged, unleased messages past their expiry expired."""
+    return execute(EXPIRE_MESSAGES, {"batch": batch, "now": now})
+
+
+def prune_messages(*, cutoff: datetime, batch: int) -> int:
+    """Delete up to ``batch`` acknowledged or expired messages that expired before
+    ``cutoff``."""
+    return execute(PRUNE_MESSAGES, {"cutoff": cutoff, "batch": batch})

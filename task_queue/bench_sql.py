@@ -1,0 +1,103 @@
+"""The benchmark's statements (``queue_bench``, ``seed_tasks``, ``dashboard_bench``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from uuid import UUID
+
+from task_queue.sql.db import execute, fetch
+
+# Synthetic history for measuring the dashboard at scale: `count` tasks of `agents`,
+# created over the last `days`, mostly completed, with pending, dead, failed and
+# cancelled shares. The 'seed:' task type marks them.
+SEED_TASKS = """
+INSERT INTO tasks (agent_name, task_type, payload, priority, status, attempts, max_attempts,
+                   available_at, started_at, finished_at, error_info, result,
+                   created_at, updated_at)
+SELECT agent, 'seed:' || agent, jsonb_build_object('sku', 'SKU-' || n, 'batch', %(batch)s),
+       n %% 4, status, CASE WHEN status IN ('dead', 'failed') THEN 3 ELSE 1 END, 3,
+       created, CASE WHEN status <> 'pending' THEN created + interval '2 seconds' END,
+       CASE WHEN status <> 'pending' THEN created + interval '3 seconds' END,
+       CASE WHEN status IN ('dead', 'failed') THEN jsonb_build_object(
+           'type', (ARRAY['TimeoutError', 'InvalidPayload', 'ConnectionError'])[1 + n %% 3],
+           'message', 'seeded failure of SKU-' || n, 'retryable', status = 'dead') END,
+       CASE WHEN status = 'completed' THEN '{"ok": true}'::jsonb END,
+       created, created
+FROM (
+    SELECT n,
+           (%(agents)s::text[])[1 + n %% cardinality(%(agents)s::text[])] AS agent,
+           CASE WHEN r < %(pending)s THEN 'pending'
+                WHEN r < %(pending)s + %(dead)s THEN 'dead'
+                WHEN r < %(pending)s + %(dead)s + %(failed)s THEN 'failed'
+                WHEN r < %(pending)s + %(dead)s + %(failed)s + %(cancelled)s THEN 'cancelled'
+                ELSE 'completed' END AS status,
+           now() - roll.t * make_interval(days => %(days)s) AS created
+    FROM (
+        -- Two draws per row (volatile, so this subquery is not flattened).
+        SELECT n, random() AS r, random() AS t
+        FROM generate_series(%(start)s, %(start)s + %(count)s - 1) AS n
+    ) AS roll
+) AS seeded
+"""
+
+
+def seed_tasks(
+    *,
+    start: int,
+    count: int,
+    agents: Sequence[str],
+    shares: dict[str, float],
+    days: int,
+    batch: str,
+) -> int:
+    """Insert ``count`` synthetic tasks; ``shares`` of pending, dead, failed, cancelled."""
+    params = {"start": start, "count": count, "agents": list(agents), "days": days,
+              "batch": batch, **shares}  # fmt: skip
+    return execute(SEED_TASKS, params)
+
+
+ANALYZE_TASKS = "ANALYZE tasks"
+
+
+def analyze_tasks() -> None:
+    """Refresh the planner's statistics of tasks (the overview's estimates read them)."""
+    execute(ANALYZE_TASKS, {})
+
+
+TASK_PROGRESS = """
+SELECT count(*) FILTER (WHERE status IN ('completed', 'failed', 'dead', 'cancelled')),
+       count(*)
+FROM tasks WHERE workflow_id = %(workflow_id)s
+"""
+
+
+def task_progress(workflow_id: UUID) -> tuple[int, int]:
+    """(finished, total) tasks of a workflow."""
+    return fetch(TASK_PROGRESS, {"workflow_id": workflow_id})[0]
+
+
+TASK_TIMES = """
+SELECT id, started_at, finished_at FROM tasks WHERE workflow_id = %(workflow_id)s
+"""
+
+
+def task_times(workflow_id: UUID) -> list[tuple[UUID, datetime | None, datetime | None]]:
+    return fetch(TASK_TIMES, {"workflow_id": workflow_id})
+
+
+DELETE_WORKFLOW_TASKS = """
+WITH doomed AS (SELECT id FROM tasks WHERE workflow_id = %(workflow_id)s),
+events AS (
+    SELECT id FROM agent_events WHERE task_id IN (SELECT id FROM doomed)
+),
+jobs AS (DELETE FROM embedding_jobs WHERE agent_event_id IN (SELECT id FROM events)),
+deleted_events AS (DELETE FROM agent_events WHERE id IN (SELECT id FROM events)),
+history AS (DELETE FROM task_history WHERE task_id IN (SELECT id FROM doomed))
+DELETE FROM tasks WHERE id IN (SELECT id FROM doomed)
+"""
+
+
+def delete_workflow_tasks(workflow_id: UUID) -> int:
+    """Delete a workflow's tasks with their history, events and embedding jobs."""
+    return execute(DELETE_WORKFLOW_TASKS, {"workflow_id": workflow_id})

@@ -1,0 +1,40 @@
+"""Running a named statement on Django's connection, and the clock statements share.
+
+Each function of the ``sql`` modules runs one statement on Django's connection for
+the calling thread, so it joins the caller's transaction when there is one (enqueue
+inside ``transaction.atomic`` rolls back with it).
+
+Time: statements that depend on the clock take ``now``; ``None`` means the
+database's ``now()``. Tests pass a time to step through backoff without sleeping.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+
+# The statement's time: inlined rather than joined from a CTE, so the planner can
+# use it as an index bound.
+NOW = "COALESCE(%(now)s::timestamptz, now())"
+
+
+def fetch(sql: str, params: dict[str, Any]) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+DATABASE_CLOCK = "SELECT clock_timestamp()"
+
+
+def database_clock() -> datetime:
+    """The database server's time now: what task timestamps are written with."""
+    return fetch(DATABASE_CLOCK, {})[0][0]
+
+
+def execute(sql: str, params: dict[str, Any]) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount

@@ -1,0 +1,205 @@
+"""Leasing tasks to a worker, starting them, and the worker's heartbeat.
+
+Fencing: every write a worker makes about a task names the task, the worker
+(``owner``) and the lease token it was given, and only touches rows still held that
+way. A worker whose lease expired finds its write affects no row, and learns it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from task_queue.leases import Lease, held_params
+from task_queue.sql import locks
+from task_queue.sql.db import NOW, execute, fetch
+
+# Tasks are leased to a worker (lease_owner: its id) while leased or running;
+# the reaper (task_queue.reaper) recovers expired leases.
+TASK_LEASE = Lease(
+    table="tasks",
+    token="lease_token",
+    ends="lease_expires_at",
+    owner="lease_owner",
+    held=("leased", "running"),
+    recovery_lock=locks.REAPER,
+)
+HELD = TASK_LEASE.held_rows
+FENCED = TASK_LEASE.fenced_batch("t")
+
+
+RELAX_COMMIT_DURABILITY = "SET synchronous_commit TO off"
+
+
+def relax_commit_durability() -> None:
+    """Let this thread's connection commit without waiting for the WAL flush.
+
+    Only for claims, starts and heartbeats: if the database crashes and loses one,
+    the task is pending or its lease runs out, the worker's fenced outcome write is
+    refused, and the task runs again, as after any crash. Outcomes stay durable.
+    """
+    execute(RELAX_COMMIT_DURABILITY, {})
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedTask:
+    id: UUID
+    agent_name: str
+    task_type: str
+    payload: dict[str, Any]
+    attempts: int
+    max_attempts: int
+    workflow_id: UUID | None
+    trace_id: str | None
+    lease_token: UUID
+    payload_ref: str | None  # the payload's blob, when it is too large for the row
+
+
+# Each agent's due tasks come from an ordered scan of tasks_pending_lease_idx
+# (agent_name, priority, created_at); the best `limit` of them across agents are
+# claimed; with several agents, rows locked but not chosen are let go when the
+# statement commits. Paused agents (paused_agents) are left out before any row is
+# locked.
+CLAIM_TASKS = f"""
+WITH due AS (
+    SELECT t.id, t.priority, t.created_at
+    FROM (
+        SELECT name FROM unnest(%(agents)s::text[]) AS a(name)
+        WHERE NOT EXISTS (SELECT FROM paused_agents p WHERE p.agent_name = a.name)
+    ) AS agent
+    CROSS JOIN LATERAL (
+        SELECT id, priority, created_at
+        FROM tasks
+        WHERE status = 'pending' AND agent_name = agent.name AND available_at <= {NOW}
+        ORDER BY priority, created_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS t
+),
+chosen AS (
+    SELECT id FROM due ORDER BY priority, created_at LIMIT %(limit)s
+)
+UPDATE tasks t
+SET status = 'leased',
+    {TASK_LEASE.grant()},
+    updated_at = {NOW}
+FROM chosen
+WHERE t.id = chosen.id
+RETURNING t.id, t.agent_name, t.task_type, t.payload, t.attempts, t.max_attempts,
+          t.workflow_id, t.trace_id, t.lease_token, t.payload_ref
+"""
+
+
+def claim_tasks(
+    *, owner: str, agents: Sequence[str], limit: int, lease_seconds: float, now: datetime | None
+) -> list[ClaimedTask]:
+    """Lease up to ``limit`` due pending tasks of ``agents``, best priority first."""
+    params = {
+        "owner": owner,
+        "agents": list(agents),
+        "limit": limit,
+        "lease_seconds": lease_seconds,
+        "now": now,
+    }
+    # Django's psycopg setup hands jsonb back as text; JSONField decodes it, raw SQL here.
+    return [
+        ClaimedTask(task_id, agent, task_type, json.loads(payload), *rest)
+        for task_id, agent, task_type, payload, *rest in fetch(CLAIM_TASKS, params)
+    ]
+
+
+START_TASKS = f"""
+UPDATE tasks t
+SET status = 'running', started_at = {NOW}, updated_at = {NOW}
+FROM {HELD}
+WHERE {FENCED} AND t.status = 'leased'
+RETURNING t.id
+"""
+
+
+def start_tasks(
+    *, owner: str, held: Sequence[tuple[UUID, UUID]], now: datetime | None
+) -> set[UUID]:
+    """Move leased tasks to running; returns the ids still held (not cancelled meanwhile)."""
+    return {row[0] for row in fetch(START_TASKS, held_params(owner, held, now))}
+
+
+HEARTBEAT = f"""
+WITH extended AS ({TASK_LEASE.extend_statement("t", "t.id, t.cancel_requested_at IS NOT NULL")}),
+registered AS (
+    INSERT INTO workers (worker_id, hostname, pid, agents, concurrency, in_flight,
+                         memory_bytes, started_at, last_heartbeat_at)
+    SELECT %(owner)s, %(hostname)s, %(pid)s, %(agents)s::text[], %(concurrency)s,
+           %(in_flight)s, %(memory_bytes)s, {NOW}, {NOW}
+    ON CONFLICT (worker_id) DO UPDATE
+    SET last_heartbeat_at = EXCLUDED.last_heartbeat_at, in_flight = EXCLUDED.in_flight,
+        memory_bytes = EXCLUDED.memory_bytes
+),
+-- The statement sees workers as it was before: the gap is since the last heartbeat.
+gap AS (
+    SELECT EXTRACT(EPOCH FROM {NOW} - last_heartbeat_at)::float8 AS seconds
+    FROM workers WHERE worker_id = %(owner)s
+),
+counted AS (
+    INSERT INTO worker_heartbeats AS w (worker_id, minute, agents, beats, max_gap_seconds)
+    SELECT %(owner)s, date_bin('1 minute', {NOW}, 'epoch'), %(agents)s::text[], 1,
+           (SELECT seconds FROM gap)
+    ON CONFLICT (worker_id, minute) DO UPDATE
+    SET beats = w.beats + 1,
+        max_gap_seconds = greatest(w.max_gap_seconds, EXCLUDED.max_gap_seconds)
+)
+SELECT * FROM extended
+"""
+
+
+def heartbeat(
+    *,
+    owner: str,
+    held: Sequence[tuple[UUID, UUID]],
+    lease_seconds: float,
+    hostname: str,
+    pid: int,
+    agents: Sequence[str],
+    concurrency: int,
+    now: datetime | None,
+    memory_bytes: int | None = None,
+) -> dict[UUID, bool]:
+    """Extend every lease the worker holds and record that the worker is alive.
+
+    Returns {task id: cancel requested} for the leases still held; a held task
+    missing from the answer was lost (expired and reaped, or cancelled).
+    """
+    params = held_params(owner, held, now) | {
+        "lease_seconds": lease_seconds,
+        "hostname": hostname,
+        "pid": pid,
+        "agents": list(agents),
+        "concurrency": concurrency,
+        "in_flight": len(held),
+        "memory_bytes": memory_bytes,
+    }
+    return dict(fetch(HEARTBEAT, params))
+
+
+DELETE_WORKER = "DELETE FROM workers WHERE worker_id = %(owner)s"
+
+
+def delete_worker(owner: str) -> None:
+    execute(DELETE_WORKER, {"owner": owner})
+
+
+NEXT_DUE_AT = """
+SELECT min(available_at) FROM tasks
+WHERE status = 'pending' AND agent_name = ANY(%(agents)s::text[])
+  AND agent_name NOT IN (SELECT agent_name FROM paused_agents)
+"""
+
+
+def next_due_at(agents: Sequence[str]) -> datetime | None:
+    """When the earliest pending task of ``agents`` falls due (it may be past); paused
+    agents' tasks do not count, so a worker of a paused agent sleeps until woken."""
+    return fetch(NEXT_DUE_AT, {"agents": list(agents)})[0][0]

@@ -1,0 +1,54 @@
+"""Cluster-wide advisory locks: every key in one place, so no two jobs share one.
+
+The keys are four ASCII letters read as an integer, so a lock seen in ``pg_locks``
+(``objid``) can be told apart. Transaction locks (``*_xact_*``) end with the
+transaction; the relay's lock is a session lock, held while the relay runs.
+"""
+
+from __future__ import annotations
+
+from task_queue.sql.db import fetch
+
+# One process at a time: the lease reaper (workers and the maintenance loop).
+REAPER = 0x72656170  # "reap"
+# One process at a time: a retention pass.
+RETENTION = 0x7072756E  # "prun"
+# One process at a time: metric rollups (and recomputing them).
+ROLLUP = 0x726F6C6C  # "roll"
+# One sequencer at a time: each run commits its positions before the next begins,
+# so a reader never sees position n+1 before n exists.
+EVENT_SEQUENCER = 0x65767473  # "evts"
+# One process per table at a time: recovery of expired leases (task_queue.leases) on
+# agents_app's leased tables (the tasks' is the reaper's).
+EMBEDDING_RECOVERY = 0x656D6264  # "embd"
+MESSAGE_RECOVERY = 0x6D736773  # "msgs"
+DELIVERY_RECOVERY = 0x646C7672  # "dlvr"
+
+TRY_ADVISORY_XACT_LOCK = "SELECT pg_try_advisory_xact_lock(%(key)s)"
+
+
+def try_advisory_xact_lock(key: int) -> bool:
+    """Take a cluster-wide lock until the current transaction ends, if it is free."""
+    return fetch(TRY_ADVISORY_XACT_LOCK, {"key": key})[0][0]
+
+
+ADVISORY_XACT_LOCK = "SELECT pg_advisory_xact_lock(%(key)s)"
+
+
+def advisory_xact_lock(key: int) -> None:
+    """Take a cluster-wide lock until the current transaction ends, waiting for it."""
+    fetch(ADVISORY_XACT_LOCK, {"key": key})
+
+
+# A session lock per name (one relay per destination), keyed by the name's hash.
+TRY_NAMED_LOCK = "SELECT pg_try_advisory_lock(hashtextextended(%(name)s, 0))"
+NAMED_UNLOCK = "SELECT pg_advisory_unlock(hashtextextended(%(name)s, 0))"
+
+
+def try_named_lock(name: str) -> bool:
+    """Take the session lock ``name`` if it is free; held until ``named_unlock``."""
+    return fetch(TRY_NAMED_LOCK, {"name": name})[0][0]
+
+
+def named_unlock(name: str) -> None:
+    fetch(NAMED_UNLOCK, {"name": name})

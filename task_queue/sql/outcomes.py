@@ -1,0 +1,209 @@
+"""A worker's fenced outcome writes: completed, failed (retry, dead or failed),
+cancelled, released; each with its history row in the same statement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from functools import cache
+from uuid import UUID
+
+from task_queue.leases import backoff, held_params
+from task_queue.sql.db import NOW, fetch
+from task_queue.sql.leasing import FENCED, HELD, TASK_LEASE
+
+# A completion, in one statement: the task, its history row, and what apps above the
+# queue add to every completion (``add_to_completion``). Those are CTEs over
+# `completed` (columns as its RETURNING names them), written with the task or not at
+# all: agents_app adds the AgentEvent and its embedding job
+# (agents_app.sql.memory.EVENTS_OF_COMPLETED_TASKS).
+COMPLETE_TASKS_START = f"""
+WITH held AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(results)s::jsonb[],
+                         %(summaries)s::text[]) AS d(id, lease_token, result, summary)
+),
+completed AS (
+    UPDATE tasks t
+    SET status = 'completed', result = held.result, finished_at = {NOW},
+        updated_at = {NOW}, {TASK_LEASE.clear()}
+    FROM held
+    WHERE {FENCED} AND t.status = 'running'
+    RETURNING t.id, t.workflow_id, t.agent_name, t.task_type, t.attempts, t.started_at,
+              t.available_at, held.lease_token, held.result, held.summary
+),
+"""
+COMPLETE_TASKS_END = f"""
+history AS (
+    INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
+                              lease_token, started_at, due_at, occurred_at)
+    SELECT id, 'completed', 'running', 'completed', attempts + 1, %(owner)s, lease_token,
+           started_at, available_at, {NOW}
+    FROM completed
+)
+SELECT id FROM completed
+"""
+
+_completion_parts: dict[str, str] = {}
+
+
+def add_to_completion(name: str, ctes: str) -> None:
+    """Add ``ctes`` (one or more ``name AS (...)``, comma-separated, over `completed`;
+    ``%(now)s`` is the statement's clock) to every completion statement."""
+    _completion_parts[name] = ctes.strip()
+    complete_statement.cache_clear()
+
+
+@cache
+def complete_statement() -> str:
+    parts = "".join(f"{part},\n" for part in _completion_parts.values())
+    return COMPLETE_TASKS_START + parts + COMPLETE_TASKS_END.lstrip("\n")
+
+
+def complete_tasks(
+    *,
+    owner: str,
+    done: Sequence[tuple[UUID, UUID, str, str]],
+    now: datetime | None,
+) -> set[UUID]:
+    """Record successes: (id, lease token, result as JSON text, event summary) each.
+
+    In the same statement: the history row and what apps added (``add_to_completion``:
+    the AgentEvent and its embedding job). Returns the ids whose lease was still held;
+    the others were refused.
+    """
+    params = {
+        "owner": owner,
+        "ids": [d[0] for d in done],
+        "tokens": [d[1] for d in done],
+        "results": [d[2] for d in done],
+        "summaries": [d[3] for d in done],
+        "now": now,
+    }
+    return {row[0] for row in fetch(complete_statement(), params)}
+
+
+FAIL_TASKS = f"""
+WITH held AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(retryable)s::bool[],
+                         %(base_delays)s::float8[], %(errors)s::jsonb[])
+        AS f(id, lease_token, retryable, base_delay, error)
+),
+-- When each attempt was due, read before the update moves a retry's available_at.
+due AS (
+    SELECT t.id, t.available_at FROM tasks t JOIN held ON held.id = t.id
+),
+failed AS (
+    UPDATE tasks t
+    SET attempts = t.attempts + 1,
+        status = CASE WHEN NOT held.retryable THEN 'failed'
+                      WHEN t.attempts + 1 >= t.max_attempts THEN 'dead'
+                      ELSE 'pending' END,
+        available_at = CASE WHEN held.retryable AND t.attempts + 1 < t.max_attempts
+                            THEN {NOW} + {backoff("t.attempts + 1", "held.base_delay")}
+                            ELSE t.available_at END,
+        error_info = held.error || jsonb_build_object(
+            'attempt', t.attempts + 1, 'worker', %(owner)s, 'at', {NOW}),
+        finished_at = {NOW}, updated_at = {NOW},
+        {TASK_LEASE.clear()}
+    FROM held
+    WHERE {FENCED} AND t.status = 'running'
+    RETURNING t.id, t.status, t.attempts, t.available_at, t.started_at, t.error_info,
+              held.lease_token
+),
+history AS (
+    INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
+                              lease_token, started_at, due_at, occurred_at, error, detail)
+    SELECT failed.id, CASE status WHEN 'pending' THEN 'retry_scheduled' ELSE status END,
+           'running', status, attempts, %(owner)s, lease_token, started_at,
+           due.available_at, {NOW}, error_info,
+           CASE status WHEN 'pending' THEN jsonb_build_object('retry_at', failed.available_at)
+           END
+    FROM failed JOIN due ON due.id = failed.id
+)
+SELECT id, status, attempts, available_at FROM failed
+"""
+
+
+def fail_tasks(
+    *,
+    owner: str,
+    failures: Sequence[tuple[UUID, UUID, bool, float, str]],
+    now: datetime | None,
+) -> list[tuple[UUID, str, int, datetime]]:
+    """Record failed attempts: (id, lease token, retryable, base delay, error JSON) each.
+
+    attempts + 1; a retryable failure goes back to pending ``attempts² × base_delay``
+    seconds from now, or to dead once attempts reach max_attempts; a non-retryable
+    one to failed. Returns (id, new status, attempts, available_at) per held task.
+    """
+    params = {
+        "owner": owner,
+        "ids": [f[0] for f in failures],
+        "tokens": [f[1] for f in failures],
+        "retryable": [f[2] for f in failures],
+        "base_delays": [f[3] for f in failures],
+        "errors": [f[4] for f in failures],
+        "now": now,
+    }
+    return fetch(FAIL_TASKS, params)
+
+
+CONFIRM_CANCELLED = f"""
+WITH cancelled AS (
+    UPDATE tasks t
+    SET status = 'cancelled', finished_at = {NOW}, updated_at = {NOW},
+        {TASK_LEASE.clear()}
+    FROM {HELD}
+    WHERE {FENCED} AND t.status = 'running'
+    RETURNING t.id, t.attempts, t.started_at, held.lease_token
+),
+history AS (
+    INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
+                              lease_token, started_at, occurred_at)
+    SELECT id, 'cancelled', 'running', 'cancelled', attempts + 1, %(owner)s, lease_token,
+           started_at, {NOW}
+    FROM cancelled
+)
+SELECT id FROM cancelled
+"""
+
+
+def confirm_cancelled(
+    *, owner: str, held: Sequence[tuple[UUID, UUID]], now: datetime | None
+) -> set[UUID]:
+    """A worker stopped handlers whose cancellation was requested: mark them cancelled."""
+    return {row[0] for row in fetch(CONFIRM_CANCELLED, held_params(owner, held, now))}
+
+
+RELEASE_TASKS = f"""
+WITH target AS (
+    SELECT t.id, t.status, held.lease_token
+    FROM tasks t, {HELD}
+    WHERE {FENCED} AND t.status IN ('leased', 'running')
+    FOR UPDATE OF t
+),
+released AS (
+    UPDATE tasks t
+    SET status = 'pending', available_at = {NOW}, updated_at = {NOW},
+        {TASK_LEASE.clear()}
+    FROM target
+    WHERE t.id = target.id
+    RETURNING t.id, t.agent_name, t.attempts, t.started_at, target.status, target.lease_token
+),
+history AS (
+    INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
+                              lease_token, started_at, occurred_at)
+    SELECT id, 'released', status, 'pending', attempts + 1, %(owner)s, lease_token,
+           started_at, {NOW}
+    FROM released
+)
+SELECT id, agent_name FROM released
+"""
+
+
+def release_tasks(
+    *, owner: str, held: Sequence[tuple[UUID, UUID]], now: datetime | None
+) -> list[tuple[UUID, str]]:
+    """Give held tasks back as pending and due now, without counting an attempt."""
+    return fetch(RELEASE_TASKS, held_params(owner, held, now))

@@ -1,0 +1,182 @@
+"""What the dashboard, the API and the stats read of the tasks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from task_queue.sql.db import fetch
+
+COUNT_TASKS_BY_AGENT_AND_STATUS = """
+SELECT agent_name, status, count(*) FROM tasks GROUP BY agent_name, status
+"""
+
+
+def count_tasks_by_agent_and_status() -> list[tuple[str, str, int]]:
+    return fetch(COUNT_TASKS_BY_AGENT_AND_STATUS, {})
+
+
+OLDEST_PENDING_AGE = """
+SELECT EXTRACT(EPOCH FROM now() - min(available_at))::float8
+FROM tasks WHERE status = 'pending' AND available_at <= now()
+"""
+
+
+def oldest_pending_age_seconds() -> float | None:
+    """How long the longest-waiting due task has waited, or None if none waits."""
+    return fetch(OLDEST_PENDING_AGE, {})[0][0]
+
+
+# Tasks that reached their final status in the last 15 minutes, per agent: the
+# partial index tasks_finished_idx finds them without reading older tasks.
+RECENT_FINISHED_TASKS = """
+SELECT agent_name,
+       count(*) FILTER (WHERE status = 'completed' AND finished_at >= now() - interval '1 minute'),
+       count(*) FILTER (WHERE status = 'completed' AND finished_at >= now() - interval '5 minutes'),
+       count(*) FILTER (WHERE status = 'completed'),
+       count(*) FILTER (WHERE status IN ('failed', 'dead')
+                          AND finished_at >= now() - interval '1 minute'),
+       count(*) FILTER (WHERE status IN ('failed', 'dead')
+                          AND finished_at >= now() - interval '5 minutes'),
+       count(*) FILTER (WHERE status IN ('failed', 'dead')),
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (
+           ORDER BY EXTRACT(EPOCH FROM started_at - available_at))
+           FILTER (WHERE started_at >= available_at),
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (
+           ORDER BY EXTRACT(EPOCH FROM finished_at - started_at))
+           FILTER (WHERE started_at IS NOT NULL)
+FROM tasks
+WHERE status IN ('completed', 'failed', 'dead', 'cancelled')
+  AND finished_at >= now() - interval '15 minutes'
+GROUP BY agent_name
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class RecentActivity:
+    agent_name: str
+    completed: tuple[int, int, int]  # in the last 1, 5 and 15 minutes
+    failed: tuple[int, int, int]  # failed or dead, likewise
+    queue_wait_seconds: tuple[float, float, float] | None  # p50, p95, p99
+    run_seconds: tuple[float, float, float] | None
+
+
+def recent_activity() -> list[RecentActivity]:
+    """Per agent: what finished in the last 1/5/15 minutes and how long it waited and ran.
+
+    Queue wait is from when a task was due (``available_at``) to its last start.
+    """
+    return [
+        RecentActivity(
+            agent,
+            (c1, c5, c15),
+            (f1, f5, f15),
+            tuple(wait) if wait else None,
+            tuple(run) if run else None,
+        )
+        for agent, c1, c5, c15, f1, f5, f15, wait, run in fetch(RECENT_FINISHED_TASKS, {})
+    ]
+
+
+# The statuses a dashboard counts exactly, each branch matching one partial index's
+# predicate (pending: tasks_pending_lease_idx; held: tasks_held_lease_idx; dead and
+# failed: tasks_dead_letter_idx), so none reads the bulk of finished tasks.
+COUNT_OPEN_TASKS = """
+SELECT agent_name, 'pending', count(*) FROM tasks WHERE status = 'pending' GROUP BY agent_name
+UNION ALL
+SELECT agent_name, status, count(*) FROM tasks WHERE status IN ('leased', 'running')
+GROUP BY agent_name, status
+UNION ALL
+SELECT agent_name, status, count(*) FROM tasks WHERE status IN ('dead', 'failed')
+GROUP BY agent_name, status
+"""
+
+
+def count_open_tasks() -> list[tuple[str, str, int]]:
+    """(agent, status, count) for pending, leased, running, dead and failed tasks."""
+    return fetch(COUNT_OPEN_TASKS, {})
+
+
+# The planner's own figures: the table's row count scaled to its current size, as the
+# planner does, and the share of each (agent, status) pair from the extended
+# statistics tasks_agent_status_stats (migration queue 0004), as of the last ANALYZE.
+ESTIMATE_TASKS_BY_AGENT_AND_STATUS = """
+WITH size AS (
+    SELECT CASE WHEN c.relpages > 0
+                THEN c.reltuples / c.relpages
+                     * (pg_relation_size(c.oid) / current_setting('block_size')::int)
+                ELSE c.reltuples END AS rows
+    FROM pg_class c WHERE c.oid = 'tasks'::regclass
+)
+SELECT s.most_common_vals[i][1], s.most_common_vals[i][2],
+       round(s.most_common_freqs[i] * size.rows)::bigint
+FROM pg_stats_ext s
+CROSS JOIN size
+CROSS JOIN LATERAL generate_subscripts(s.most_common_freqs, 1) AS i
+WHERE s.statistics_name = 'tasks_agent_status_stats'
+  AND s.schemaname = current_schema() AND s.tablename = 'tasks'
+"""
+
+
+ESTIMATED_TABLE_ROWS = "SELECT reltuples FROM pg_class WHERE oid = 'tasks'::regclass"
+
+
+def estimate_tasks_by_agent_and_status() -> list[tuple[str, str, int]]:
+    """(agent, status, estimated count) for the pairs the last ANALYZE saw; none
+    before the first, and none for a role that does not own the table (PostgreSQL
+    shows extended statistics to the owner only)."""
+    return fetch(ESTIMATE_TASKS_BY_AGENT_AND_STATUS, {})
+
+
+def estimated_table_rows() -> float:
+    """The planner's estimate of the tasks table's row count (-1: never analysed)."""
+    return fetch(ESTIMATED_TABLE_ROWS, {})[0][0]
+
+
+# Completions and failures per minute over the last hour (the overview's charts), from
+# tasks_finished_idx. Minutes with none are absent.
+# Completions and failures per minute over the last hour (the overview's charts): the
+# minute rollups where they are computed, and from the tasks (tasks_finished_idx)
+# for the minutes since. Minutes with none are absent.
+FINISHED_PER_MINUTE = """
+WITH bounds AS (
+    SELECT date_bin('1 minute', now(), 'epoch') - interval '59 minutes' AS hour_start,
+           COALESCE((SELECT computed_until FROM metrics_rollup_progress
+                     WHERE bucket_seconds = 60), '-infinity') AS rolled_until
+)
+SELECT m.bucket_start, sum(m.tasks_completed)::int, sum(m.tasks_failed + m.tasks_dead)::int
+FROM task_queue_metrics m, bounds
+WHERE m.bucket_seconds = 60 AND m.bucket_start >= bounds.hour_start
+  AND m.bucket_start < bounds.rolled_until
+GROUP BY m.bucket_start
+UNION ALL
+SELECT date_bin('1 minute', t.finished_at, 'epoch'),
+       count(*) FILTER (WHERE t.status = 'completed'),
+       count(*) FILTER (WHERE t.status IN ('failed', 'dead'))
+FROM tasks t, bounds
+WHERE t.status IN ('completed', 'failed', 'dead', 'cancelled')
+  AND t.finished_at >= greatest(bounds.hour_start, bounds.rolled_until)
+GROUP BY 1
+"""
+
+
+def finished_per_minute() -> list[tuple[datetime, int, int]]:
+    """(minute, completed, failed or dead) for the minutes of the last hour with any."""
+    return fetch(FINISHED_PER_MINUTE, {})
+
+
+# One index probe per agent into tasks_pending_due_idx (agent_name, available_at):
+# the first entry is the agent's longest-waiting task.
+OLDEST_PENDING_AGE_BY_AGENT = """
+SELECT agent.name,
+       (SELECT EXTRACT(EPOCH FROM now() - min(available_at))::float8
+        FROM tasks
+        WHERE status = 'pending' AND agent_name = agent.name AND available_at <= now())
+FROM unnest(%(agents)s::text[]) AS agent(name)
+"""
+
+
+def oldest_pending_age_by_agent(agents: Sequence[str]) -> dict[str, float | None]:
+    """Agent → seconds its longest-waiting due task has waited (None: none waits)."""
+    return dict(fetch(OLDEST_PENDING_AGE_BY_AGENT, {"agents": list(agents)}))
