@@ -140,12 +140,15 @@ def test_revive_and_edit_from_the_dead_letter(users, live_servers, worker_proces
     db(lambda: worker_processes("EchoAgent").wait_ready())
     page = log_in(browser, server, "operator", "/dead-letter/")
     elsewhere = log_in(browser, server, "viewer", "/dead-letter/")
+    errors = console_errors(page)
     live(page)
     live(elsewhere)
     shot(page, "dead-letter")
 
-    # Revive one: it leaves both browsers' lists without a reload, and completes.
+    # Revive one: it leaves both browsers' lists without a reload, and completes. The
+    # outcome is shown, even when the socket says the row left before the answer came.
     page.click(f'#dl-{plain} button[data-action="revive"]')
+    page.wait_for_selector("text=Revived 1 task(s).")
     page.wait_for_selector(f"#dl-{plain}", state="detached")
     elsewhere.wait_for_selector(f"#dl-{plain}", state="detached", timeout=5_000)
     wait_for(lambda: status(plain) == TaskStatus.COMPLETED, what="the revived task")
@@ -153,6 +156,7 @@ def test_revive_and_edit_from_the_dead_letter(users, live_servers, worker_proces
     # Revived from the other browser (through the API's operation): leaves this one live.
     db(operations.revive, [other], actor="token:elsewhere", source="api")
     page.wait_for_selector(f"#dl-{other}", state="detached", timeout=5_000)
+    assert errors == []
 
     # Edit the payload, with a mistake first, then revive; watch the task complete.
     page.goto(f"{server.url}/tasks/{to_edit}/")
@@ -235,6 +239,30 @@ def test_the_dead_letter_follows_arrivals_and_bulk_changes(users, live_servers, 
     page.wait_for_function("window.reloads === 1")
     assert page.inner_text("#dead-letter-count") == "0"
     assert page.locator("text=Revived 74 task(s).").count() == 1
+    assert errors == []
+
+
+def test_the_dead_letter_filter_keeps_the_page_address(users, live_servers, browser):
+    server = live_servers()
+    teal, grey = db(make_failed, [{"colour": "teal"}, {"colour": "grey"}])
+    page = log_in(browser, server, "viewer", "/dead-letter/")
+    errors = console_errors(page)
+    live(page)
+
+    # The filter swaps in the results alone and pushes the page's own address.
+    page.fill("#id_q", "teal")
+    page.click(".filters button[type=submit]")
+    page.wait_for_selector(f"#dl-{grey}", state="detached")
+    assert page.locator(f"#dl-{teal}").count() == 1 and page.locator("h1").count() == 1
+    assert "/dead-letter/?" in page.url and "q=teal" in page.url
+    shot(page, "dead-letter-filtered")
+
+    # Revived elsewhere: the row leaves, and the count is fetched again for the filter.
+    db(operations.revive, [teal], actor="user:elsewhere")
+    page.wait_for_selector(f"#dl-{teal}", state="detached", timeout=5_000)
+    page.wait_for_function("document.getElementById('dead-letter-count').textContent === '0'")
+    page.reload()
+    assert page.inner_text("#dead-letter-count") == "0" and page.locator("h1").count() == 1
     assert errors == []
 
 

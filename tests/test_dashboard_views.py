@@ -9,6 +9,7 @@ from uuid import UUID
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.contrib.staticfiles import finders
 from django.http import HttpResponse
 from django.test import Client
 from django.urls import reverse
@@ -20,8 +21,8 @@ from tests.support.users import staff as new_staff
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["/", "/dead-letter/", "/workers/", "/workflows/", "/audit/", "/messages/",
-         "/reports/daily/"]  # fmt: skip
+PAGES = ["/", "/dead-letter/", "/dead-letter/results/", "/dead-letter/count/", "/workers/",
+         "/workflows/", "/audit/", "/messages/", "/reports/daily/"]  # fmt: skip
 
 
 def staff(*perms: str, username: str = "ops") -> Client:
@@ -186,6 +187,31 @@ def test_dead_letter_filters():
     assert not shown(agent="FitmentAgent") and not shown(error_class="KeyError")
     assert not shown(q="magenta") and not shown(since="2999-01-01T00:00")
     assert shown(until="2999-01-01T00:00")
+
+
+def test_the_dead_letter_results_and_count_have_urls_of_their_own():
+    teal, other = dead_task({"colour": "teal"}), dead_task({"colour": "grey"})
+    client = staff()
+    results = client.get("/dead-letter/results/", {"q": "teal"}).content.decode()
+    assert results.startswith('<div id="dead-letter-results"') and "<html" not in results
+    assert str(teal) in results and str(other) not in results
+    assert client.get("/dead-letter/count/", {"q": "teal"}).content == b"1"
+    assert client.get("/dead-letter/count/").content == b"2"
+    assert client.get("/dead-letter/count/", {"since": "not a date"}).content == b"0"
+    # The page is the page, whatever element an htmx request says it targets.
+    for target in ["dead-letter-results", "dead-letter-count"]:
+        response = client.get("/dead-letter/", HTTP_HX_REQUEST="true", HTTP_HX_TARGET=target)
+        page = response.content.decode()
+        assert "<html" in page and 'id="dead-letter-results"' in page and str(other) in page
+
+
+def test_pages_load_the_htmx_django_htmx_ships_then_live_js():
+    page = staff().get("/").content.decode()
+    scripts = re.findall(r'<script src="/static/([^"]+)"', page)
+    assert scripts == ["django_htmx/htmx-2.min.js", "django_htmx/ext/hx-ws-2.min.js",
+                       "dashboard/live.js"]  # fmt: skip
+    assert all(finders.find(path) for path in scripts)
+    assert 'hx-ext="ws,live"' in page
 
 
 def test_edit_payload_and_revive_records_a_diff():

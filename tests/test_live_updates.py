@@ -42,6 +42,22 @@ def socket(path: str, cookie: bytes | None, origin: bytes = ORIGIN) -> Websocket
     return WebsocketCommunicator(application, path, headers=headers)
 
 
+async def next_message(communicator: WebsocketCommunicator, kind: str) -> dict:
+    """The next message: JSON that names its type, which live.js goes by."""
+    message = json.loads(await communicator.receive_from(timeout=5))
+    assert message["type"] == kind, message
+    return message
+
+
+async def html_from(communicator: WebsocketCommunicator) -> str:
+    """The fragments of the next message (the ws extension swaps them in by id)."""
+    return (await next_message(communicator, "html"))["html"]
+
+
+async def dead_letter_change(communicator: WebsocketCommunicator) -> dict:
+    return (await next_message(communicator, "changes"))["dead_letter"]
+
+
 def test_a_socket_needs_a_staff_session_and_our_origin():
     staff, plain = session_cookie(), session_cookie(is_staff=False)
 
@@ -71,7 +87,7 @@ def test_open_overviews_share_one_snapshot_per_second():
         for communicator in sockets:
             assert (await communicator.connect())[0]
         before = hub.snapshots_taken
-        received = [[await c.receive_from(timeout=5) for _ in range(3)] for c in sockets]
+        received = [[await html_from(c) for _ in range(3)] for c in sockets]
         taken = hub.snapshots_taken - before
         for communicator in sockets:
             await communicator.disconnect()
@@ -82,10 +98,6 @@ def test_open_overviews_share_one_snapshot_per_second():
     assert taken <= 4, taken
     assert all('id="overview-live"' in html for pushes in received for html in pushes)
     assert all('data-agent="EchoAgent"' in pushes[-1] for pushes in received)
-
-
-async def dead_letter_change(communicator: WebsocketCommunicator) -> dict:
-    return json.loads(await communicator.receive_from(timeout=5))["dead_letter"]
 
 
 def test_dead_letter_pages_hear_which_tasks_left_and_how_many_arrived():
@@ -140,12 +152,12 @@ def test_a_task_page_follows_its_task():
     async def watch() -> tuple[str, str]:
         communicator = socket(f"/ws/tasks/{task_id}/", cookie)
         assert (await communicator.connect())[0]
-        first = await communicator.receive_from(timeout=5)  # the catch-up render
+        first = await html_from(communicator)  # the catch-up render
         await asyncio.wait_for(hub.listening.wait(), 10)
         await sync_to_async(complete_pending)("EchoAgent")
         updates = []
         while 'data-status="completed"' not in (updates[-1] if updates else ""):
-            updates.append(await communicator.receive_from(timeout=5))
+            updates.append(await html_from(communicator))
         await communicator.disconnect()
         return first, updates[-1]
 
@@ -161,12 +173,12 @@ def test_a_task_page_shows_an_edit_that_keeps_the_status():
     async def watch() -> str:
         communicator = socket(f"/ws/tasks/{task_id}/", cookie)
         assert (await communicator.connect())[0]
-        await communicator.receive_from(timeout=5)  # the catch-up render
+        await html_from(communicator)  # the catch-up render
         await asyncio.wait_for(hub.listening.wait(), 10)
         await sync_to_async(operations.update_pending)(
             task_id, actor="user:elsewhere", payload={"hello": "edited"}
         )
-        update = await communicator.receive_from(timeout=5)
+        update = await html_from(communicator)
         await communicator.disconnect()
         return update
 
@@ -181,7 +193,7 @@ def test_a_socket_closes_once_its_user_logs_out(monkeypatch):
     async def watch() -> dict:
         communicator = socket("/ws/overview/", cookie)
         assert (await communicator.connect())[0]
-        assert 'id="overview-live"' in await communicator.receive_from(timeout=5)
+        assert 'id="overview-live"' in await html_from(communicator)
         await sync_to_async(client.logout)()
         closed = await communicator.receive_output(timeout=5)
         await communicator.disconnect()
@@ -202,9 +214,9 @@ def test_a_socket_follows_a_permission_change(monkeypatch):
     async def watch() -> tuple[str, str]:
         communicator = socket("/ws/overview/", cookie)
         assert (await communicator.connect())[0]
-        before = await communicator.receive_from(timeout=5)
+        before = await html_from(communicator)
         await sync_to_async(user.user_permissions.clear)()
-        after = await communicator.receive_from(timeout=5)
+        after = await html_from(communicator)
         await communicator.disconnect()
         return before, after
 
@@ -223,11 +235,11 @@ def test_a_workflow_page_follows_its_progress():
     async def watch() -> tuple[str, str]:
         communicator = socket(f"/ws/workflows/{workflow.id}/", cookie)
         assert (await communicator.connect())[0]
-        first = await communicator.receive_from(timeout=5)
+        first = await html_from(communicator)
         await sync_to_async(complete_pending)("EchoAgent")
         last = first
         while "wf-completed" not in last:
-            last = await communicator.receive_from(timeout=5)
+            last = await html_from(communicator)
         await communicator.disconnect()
         return first, last
 

@@ -2,9 +2,10 @@
 
 Only a logged-in staff user gets a socket (others are refused at the handshake,
 which the browser sees as a failed connection); ``asgi.py`` checks the Origin
-header before this runs. What arrives is HTML that the htmx ws extension swaps in
-by element id, except on the dead-letter page, which gets a small JSON message
-that ``live.js`` applies (so a page never receives HTML for rows it does not show).
+header before this runs. Every message is JSON that names its type (``live.py``
+makes them): ``html``, fragments the htmx ws extension swaps in by element id, or,
+on the dead-letter page, ``changes`` that ``live.js`` applies (so a page never
+receives HTML for rows it does not show).
 
 A socket outlives the request that opened it, so before sending anything the
 consumer looks at the session again (at most every ``RECHECK_SECONDS``): a user who
@@ -14,7 +15,6 @@ logged out, lost staff status or was deactivated gets the socket closed with cod
 
 from __future__ import annotations
 
-import json
 import time
 from importlib import import_module
 from types import SimpleNamespace
@@ -26,7 +26,7 @@ from django.conf import settings
 from django.contrib import auth
 
 from . import fragments
-from .live import hub, task_group, workflow_group
+from .live import changes_message, html_message, hub, task_group, workflow_group
 
 RECHECK_SECONDS = 5.0
 SIGNED_OUT = 4403  # an application close code; live.js tells the operator to log in
@@ -65,20 +65,20 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def html_push(self, event: dict[str, Any]) -> None:
         if await self._still_allowed():
-            await self.send(text_data=event["html"])
+            await self.send(text_data=event["message"])
 
     async def dead_letter_changed(self, event: dict[str, Any]) -> None:
         """Rows that left (removed if shown), how many arrived, and how many changes
         the notification could not list (the page then reloads its results)."""
         if await self._still_allowed():
             change = {key: event[key] for key in ("left", "arrived", "unknown")}
-            await self.send(text_data=json.dumps({"dead_letter": change}))
+            await self.send(text_data=changes_message(dead_letter=change))
 
     async def task_changed(self, event: dict[str, Any]) -> None:
         if await self._still_allowed():
             html = await database_sync_to_async(self._render_task)()
             if html:
-                await self.send(text_data=html)
+                await self.send(text_data=html_message(html))
 
     def _render_task(self) -> str | None:
         task = fragments.load_task(self.task_id)

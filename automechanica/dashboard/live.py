@@ -43,6 +43,16 @@ OVERVIEW, WORKERS, DEAD_LETTER, WORKFLOWS = "overview", "workers", "dead_letter"
 TICK_SECONDS = 1.0
 
 
+def html_message(html: str) -> str:
+    """A socket message of fragments the page swaps in by element id (live.js)."""
+    return json.dumps({"type": "html", "html": html})
+
+
+def changes_message(**changes: Any) -> str:
+    """A socket message of changes the page applies itself (live.js)."""
+    return json.dumps({"type": "changes", **changes})
+
+
 def task_group(task_id: str) -> str:
     return f"task.{task_id}"
 
@@ -88,7 +98,8 @@ class Hub:
                 for group, render in self._rendered_each_tick():
                     html = await database_sync_to_async(render)()
                     if html:
-                        await layer.group_send(group, {"type": "html.push", "html": html})
+                        message = html_message(html)
+                        await layer.group_send(group, {"type": "html.push", "message": message})
             except Exception:
                 logger.exception("live update failed; trying again in a second")
 
@@ -109,8 +120,8 @@ class Hub:
         snapshot = take_snapshot()
         self.snapshots_taken += 1
         return {
-            "with_pause": fragments.render_overview(snapshot, can_pause=True),
-            "without_pause": fragments.render_overview(snapshot, can_pause=False),
+            "with_pause": html_message(fragments.render_overview(snapshot, can_pause=True)),
+            "without_pause": html_message(fragments.render_overview(snapshot, can_pause=False)),
         }
 
     # ------------------------------------------------------------ task changes

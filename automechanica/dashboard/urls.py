@@ -16,6 +16,8 @@ urlpatterns = [
         for action in ("pause", "resume")
     ),
     path("dead-letter/", views.dead_letter, name="dead_letter"),
+    path("dead-letter/results/", views.dead_letter_results, name="dead_letter_results"),
+    path("dead-letter/count/", views.dead_letter_count, name="dead_letter_count"),
     path("dead-letter/confirm/", views.dead_letter_confirm, name="dead_letter_confirm"),
     path("dead-letter/act/", views.dead_letter_act, name="dead_letter_act"),
     path("tasks/<uuid:task_id>/", views.task_detail, name="task"),

@@ -81,17 +81,35 @@ def pause_or_resume(request: HttpRequest, agent_name: str, action: str) -> HttpR
 @staff_member_required
 @require_GET
 def dead_letter(request: HttpRequest) -> HttpResponse:
+    """The page; its filter form asks for it again and keeps only the results
+    (``hx-select``), so that the address it pushes is this page's."""
     form = DeadLetterFilter(request.GET or None)
-    if request.htmx.target == "dead-letter-count":  # live.js, after rows left or arrived
-        return HttpResponse(str(form.tasks().count()))
-    page = Paginator(form.tasks(), PAGE_SIZE).get_page(request.GET.get("page"))
-    context = _dead_letter_context(request, form, page)
-    if request.htmx and request.htmx.target == "dead-letter-results":
-        return render(request, "dashboard/_dead_letter_results.html", context)
+    context = _dead_letter_context(request, form, request.GET.get("page"))
     return render(request, "dashboard/dead_letter.html", context)
 
 
-def _dead_letter_context(request: HttpRequest, form: DeadLetterFilter, page) -> dict:
+@staff_member_required
+@require_GET
+def dead_letter_results(request: HttpRequest) -> HttpResponse:
+    """The results alone, as filtered and paged by the query: live.js reloads them
+    when tasks left the dead letter beyond what its notification named."""
+    form = DeadLetterFilter(request.GET or None)
+    context = _dead_letter_context(request, form, request.GET.get("page"))
+    return render(request, "dashboard/_dead_letter_results.html", context)
+
+
+@staff_member_required
+@require_GET
+def dead_letter_count(request: HttpRequest) -> HttpResponse:
+    """How many tasks the query's filter matches: live.js refreshes the count with it
+    after rows left or arrived."""
+    return HttpResponse(str(DeadLetterFilter(request.GET or None).tasks().count()))
+
+
+def _dead_letter_context(
+    request: HttpRequest, form: DeadLetterFilter, page_number: str | int | None
+) -> dict:
+    page = Paginator(form.tasks(), PAGE_SIZE).get_page(page_number)
     query = QueryDict(mutable=True)
     query.update(form.as_record())
     return {
@@ -192,8 +210,7 @@ def _confirmation(data: QueryDict) -> tuple[datetime | None, int | None]:
 def _dead_letter_results(request: HttpRequest, form: DeadLetterFilter) -> HttpResponse:
     """The first page of results after an action. Its outcome goes to the layout's
     message area, outside the results, so that a reload of them (live.js) keeps it."""
-    page = Paginator(form.tasks(), PAGE_SIZE).get_page(1)
-    context = _dead_letter_context(request, form, page) | {"acted": True}
+    context = _dead_letter_context(request, form, page_number=1) | {"acted": True}
     return render(request, "dashboard/_dead_letter_results.html", context)
 
 

@@ -24,15 +24,26 @@ function setBadge(state, text) {
   }
 }
 
-// Most messages are HTML the ws extension swaps in by id. A JSON message is a
-// change this page applies itself: so far, the dead letter's
-// {"dead_letter": {"left": [ids], "arrived": n, "unknown": n}}.
-document.addEventListener("htmx:wsBeforeMessage", (event) => {
-  const text = event.detail.message;
-  if (!text.startsWith("{")) return;
-  event.preventDefault();
-  const message = JSON.parse(text);
-  if (message.dead_letter) applyDeadLetterChange(message.dead_letter);
+// Every message from the server (consumers.py) is JSON that names its type:
+// - {"type": "html", "html": "…"}: fragments the ws extension swaps in by element id;
+// - {"type": "changes", …}: a change this page applies itself; so far, the dead
+//   letter's {"dead_letter": {"left": [ids], "arrived": n, "unknown": n}}.
+// Pages open their socket with hx-ext="ws,live": the ws extension hands each message
+// to this extension first, and swaps what it returns.
+htmx.defineExtension("live", {
+  transformResponse(text, xhr) {
+    if (xhr) return text; // an ordinary htmx request made inside a live element
+    const message = JSON.parse(text);
+    switch (message.type) {
+      case "html":
+        return message.html;
+      case "changes":
+        if (message.dead_letter) applyDeadLetterChange(message.dead_letter);
+        return "";
+      default:
+        throw new Error(`unknown live message type: ${message.type}`);
+    }
+  },
 });
 
 // Rows that left are removed where shown; tasks that arrived are announced rather
@@ -44,7 +55,10 @@ function applyDeadLetterChange({ left, arrived, unknown }) {
   let removed = 0;
   for (const id of left) {
     const row = document.getElementById("dl-" + id);
-    if (row) {
+    // A row whose own Revive or Cancel is on its way stays: that answer redraws the
+    // results, and the htmx django-htmx ships (2.0.10) drops the answer's out-of-band
+    // outcome message when the button that asked has left the page meanwhile.
+    if (row && !row.querySelector(".htmx-request")) {
       row.remove();
       removed++;
     }
@@ -77,7 +91,7 @@ let reloadTimer = null;
 function reloadResults() {
   clearTimeout(reloadTimer); // one fetch for a burst of changes, so none lands stale
   reloadTimer = setTimeout(() => {
-    htmx.ajax("GET", window.location.href, { target: "#dead-letter-results", swap: "outerHTML" });
+    refetch("#dead-letter-results", "outerHTML");
   }, 200);
 }
 
@@ -85,6 +99,14 @@ let countTimer = null;
 function refreshCount() {
   clearTimeout(countTimer);
   countTimer = setTimeout(() => {
-    htmx.ajax("GET", window.location.href, { target: "#dead-letter-count", swap: "innerHTML" });
+    refetch("#dead-letter-count", "innerHTML");
   }, 300);
+}
+
+// An element that says where it is fetched from (data-url: the results and the count
+// have URLs of their own), fetched again for the filter and page in the address bar.
+function refetch(selector, swap) {
+  const element = document.querySelector(selector);
+  if (!element) return;
+  htmx.ajax("GET", element.dataset.url + window.location.search, { target: element, swap });
 }
