@@ -13,8 +13,8 @@ from agents_app import messaging
 from agents_app.models import AgentMessage
 from task_queue import blobs, operations
 from task_queue.models import OutboxEvent, Task, TaskStatus
-from tests.conftest import wait_for
 from tests.support.api import Api, token
+from tests.support.waiting import wait_for
 
 FIVE_MIB = 5 * 1024 * 1024
 

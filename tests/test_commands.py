@@ -3,7 +3,6 @@
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -17,9 +16,10 @@ from django.core.management import call_command, get_commands
 from django.core.management.base import CommandError
 
 from task_queue.models import Task, TaskStatus, Worker
+from tests.support.processes import REPO, manage_env, run_manage
+from tests.support.server import free_port
+from tests.support.waiting import wait_for
 from workflows.models import Workflow
-
-from .conftest import REPO, manage_env, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -86,14 +86,7 @@ def test_enqueue_refuses_bad_input_and_writes_nothing(args, message):
 
 
 def test_enqueue_error_is_one_line_and_non_zero_exit():
-    result = subprocess.run(
-        [sys.executable, "manage.py", "enqueue", "EchoAgent", "echo", "--priority", "99"],
-        cwd=REPO,
-        env=manage_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_manage("enqueue", "EchoAgent", "echo", "--priority", "99", timeout=60)
     assert result.returncode == 1
     assert result.stdout == ""
     assert result.stderr.strip().splitlines() == [
@@ -143,9 +136,7 @@ def test_runworker_max_tasks():
 
 @pytest.mark.slow
 def test_up_serves_the_api_and_stops_everything_on_ctrl_c(transactional_db, tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     log = (tmp_path / "up.log").open("wb")
     up = subprocess.Popen(
         [sys.executable, "manage.py", "up", "--demo", "--agents", "EchoAgent", "--port", str(port)],

@@ -18,8 +18,8 @@ from agents_app.analytics import build_daily_report, schedule_daily_report
 from agents_app.models import AgentEvent, DailyReport
 from task_queue import metrics, operations, queries
 from task_queue.models import RollupProgress, Task, TaskQueueMetric, TaskStatus
-from tests.conftest import REPO, manage_env
 from tests.support.history import T0, at, seed_day_and_week, seed_history, seed_week
+from tests.support.processes import REPO, manage_env, run_manage
 from tests.support.users import staff
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -81,10 +81,7 @@ def test_today_is_computed_on_demand_and_partial():
 def test_the_agent_writes_the_report_in_a_worker_process():
     seed_day_and_week()
     task = operations.enqueue("AnalyticsAgent", "daily_report", {"day": DAY.isoformat()})
-    worker = subprocess.run(
-        [sys.executable, "manage.py", "runworker", "AnalyticsAgent", "--burst"],
-        cwd=REPO, env=manage_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    worker = run_manage("runworker", "AnalyticsAgent", "--burst")
     assert worker.returncode == 0, worker.stderr
     assert Task.objects.get(id=task.id).status == TaskStatus.COMPLETED
     row = DailyReport.objects.get(day=DAY)
@@ -96,10 +93,7 @@ def test_the_agent_writes_the_report_in_a_worker_process():
 
 def test_a_bad_day_fails_the_task_for_good():
     task = operations.enqueue("AnalyticsAgent", "daily_report", {"day": "yesterday"})
-    subprocess.run(
-        [sys.executable, "manage.py", "runworker", "AnalyticsAgent", "--burst"],
-        cwd=REPO, env=manage_env(), capture_output=True, timeout=120, check=True,
-    )  # fmt: skip
+    run_manage("runworker", "AnalyticsAgent", "--burst", check=True)
     failed = Task.objects.get(id=task.id)
     assert failed.status == TaskStatus.FAILED and failed.error_info["type"] == "InvalidPayload"
 

@@ -10,7 +10,7 @@ import time
 import psycopg
 import pytest
 
-from .conftest import REPO
+from tests.support.processes import REPO
 
 
 @pytest.fixture

@@ -18,9 +18,9 @@ from django.utils import timezone
 from agents_app import messaging, pubsub
 from task_queue import event_stream, operations, queries
 from task_queue.models import OutboxEvent
-from tests.conftest import test_database_url as database_url
-from tests.conftest import wait_for
+from tests.support.database import database_url
 from tests.support.queue import claim_and_start, complete_pending, fail_pending
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db
 

@@ -17,8 +17,8 @@ from agents_app.embeddings import DIMENSIONS, embed, hashing_embedding
 from agents_app.memory import embed_batch, similar_events
 from agents_app.models import AgentEvent, EmbeddingJob
 from task_queue import operations, queries
-from tests.conftest import REPO, manage_env
 from tests.support.api import token
+from tests.support.processes import REPO, manage_env
 from tests.support.users import staff
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -23,19 +23,15 @@ import pytest
 from task_queue import operations
 from task_queue.models import EventRelayCursor, OutboxEvent, Task
 from task_queue.relay.names import destination_key
-from tests.conftest import ManageProcess, wait_for
+from tests.support.processes import ManageProcess
 from tests.support.queue import complete_pending
+from tests.support.server import free_port
+from tests.support.waiting import wait_for
 
 NATS_URL = "nats://127.0.0.1:4222"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _listening(port: int) -> bool:

@@ -6,7 +6,8 @@ import json
 from typing import Any
 from uuid import UUID
 
-from task_queue import queries
+from task_queue import operations, queries
+from task_queue.models import Task
 
 OWNER = "test-host:1"
 
@@ -40,3 +41,15 @@ def fail_pending(agent: str, *, retryable: bool) -> list[tuple[UUID, str, int, A
         (i, token, retryable, 0.0, json.dumps(error)) for i, token in claim_and_start(agent)
     ]
     return queries.fail_tasks(owner=OWNER, failures=failures, now=None)
+
+
+def status_of(task_id: UUID) -> str:
+    return Task.objects.get(id=task_id).status
+
+
+def make_failed(payloads: list[dict]) -> list[UUID]:
+    """EchoAgent tasks with these payloads, failed for good (no worker runs while they
+    are made; every other due EchoAgent task fails too)."""
+    ids = [operations.enqueue("EchoAgent", "echo", payload).id for payload in payloads]
+    fail_pending("EchoAgent", retryable=False)
+    return ids

@@ -9,7 +9,8 @@ from typing import Any
 
 from django.db import connection
 
-from tests.conftest import REPO, manage_env, wait_for
+from tests.support.processes import REPO, manage_env
+from tests.support.waiting import wait_for
 
 
 def start_waiting_readers(script: str, count: int, channel: str) -> list[subprocess.Popen]:
