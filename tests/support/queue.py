@@ -12,11 +12,16 @@ from task_queue.models import Task
 OWNER = "test-host:1"
 
 
-def claim_and_start(agent: str) -> list[tuple[UUID, UUID]]:
+def claimed_and_started(agent: str) -> list[queries.ClaimedTask]:
+    """Every due pending task of ``agent``, leased by ``OWNER`` and running."""
     tasks = queries.claim_tasks(owner=OWNER, agents=[agent], limit=1000, lease_seconds=30, now=None)
-    held = [(t.id, t.lease_token) for t in tasks]
-    queries.start_tasks(owner=OWNER, held=held, now=None)
-    return held
+    queries.start_tasks(owner=OWNER, held=[(t.id, t.lease_token) for t in tasks], now=None)
+    return tasks
+
+
+def claim_and_start(agent: str) -> list[tuple[UUID, UUID]]:
+    """(id, lease token) of every due pending task of ``agent``, now running."""
+    return [(t.id, t.lease_token) for t in claimed_and_started(agent)]
 
 
 def complete_pending(agent: str, result: Any = None) -> list[UUID]:
