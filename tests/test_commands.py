@@ -7,6 +7,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from datetime import timedelta
 from io import StringIO
 
 import psutil
@@ -14,6 +15,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command, get_commands
 from django.core.management.base import CommandError
+from django.db.models import F
 
 from task_queue.models import Task, TaskStatus, Worker
 from tests.support.processes import REPO, manage_env, run_manage
@@ -97,13 +99,17 @@ def test_enqueue_error_is_one_line_and_non_zero_exit():
 def test_queue_stats_json_has_every_status():
     call("enqueue", "EchoAgent", "echo", "--count", "2")
     call("enqueue", "RunRecorder", "record")
+    # The EchoAgent tasks have waited an hour; the RunRecorder task, a moment.
+    Task.objects.filter(agent_name="EchoAgent").update(
+        available_at=F("available_at") - timedelta(hours=1)
+    )
     stats = json.loads(call("queue_stats", "--json"))
     statuses = {"pending", "leased", "running", "completed", "failed", "dead", "cancelled"}
     assert set(stats["totals"]) == statuses
     assert stats["totals"]["pending"] == 3
     assert stats["by_agent"]["EchoAgent"] == {s: (2 if s == "pending" else 0) for s in statuses}
     assert stats["by_agent"]["RunRecorder"]["pending"] == 1
-    assert stats["oldest_pending_age_seconds"] >= 0
+    assert 3600 <= stats["oldest_pending_age_seconds"] < 3660  # the oldest due task's wait
 
 
 def test_queue_stats_table():

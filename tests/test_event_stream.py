@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 from datetime import timedelta
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from uuid import UUID
 
@@ -17,7 +18,7 @@ from django.utils import timezone
 
 from agents_app import messaging, pubsub
 from task_queue import event_stream, operations, queries
-from task_queue.models import OutboxEvent
+from task_queue.models import OutboxEvent, TaskHistory
 from tests.support.database import database_url
 from tests.support.queue import claim_and_start, complete_pending, fail_pending
 from tests.support.waiting import wait_for
@@ -58,7 +59,12 @@ def test_a_task_lifecycle_is_in_the_stream_in_order():
     assert retry.payload["next_attempt_at"] and retry.payload["backoff_ms"] == 0
     assert completed.payload["attempt"] == 2
     assert completed.payload["result_ref"] == f"db://tasks/{task_id}/result"
-    assert completed.payload["duration_ms"] >= 0
+    # The run of the attempt that completed, from its start to its end, in whole ms.
+    attempt = TaskHistory.objects.get(task_id=task_id, event="completed")
+    run_us = (attempt.occurred_at - attempt.started_at) // timedelta(microseconds=1)
+    assert completed.payload["duration_ms"] == int(
+        (Decimal(run_us) / 1000).to_integral_value(ROUND_HALF_UP)
+    )
     envelope = json.loads(completed.to_json())
     assert set(envelope) == {
         "schema_version", "message_id", "trace_id", "causation_id", "kind", "emitted_at",

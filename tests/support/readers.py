@@ -1,4 +1,5 @@
-"""Reader processes that wait on a notification channel, for the messaging tests."""
+"""Processes that wait on a notification channel, so one commit releases them together
+(the messaging tests' readers, the daily report's schedulers)."""
 
 from __future__ import annotations
 
