@@ -16,6 +16,24 @@ from tests.support.processes import REPO, ManageProcess, WorkerProcess, manage_e
 from tests.support.server import LiveServer
 from tests.support.waiting import wait_for
 
+# A test using one of these starts a worker, a server or a browser and waits on it:
+# seconds at least, so it must be marked slow (`pytest -m "not slow"` leaves it out).
+SLOW_FIXTURES = frozenset({"worker_processes", "live_servers", "browser"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = [
+        item.nodeid
+        for item in items
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
+        and item.get_closest_marker("slow") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            "these tests start workers, servers or browsers; mark them @pytest.mark.slow:\n  "
+            + "\n  ".join(unmarked)
+        )
+
 
 @pytest.fixture
 def api() -> Api:

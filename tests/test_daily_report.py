@@ -98,6 +98,7 @@ def test_a_bad_day_fails_the_task_for_good():
     assert failed.status == TaskStatus.FAILED and failed.error_info["type"] == "InvalidPayload"
 
 
+@pytest.mark.slow
 def test_yesterdays_report_is_asked_for_once_however_many_schedulers():
     now = queries.database_clock()
     today = metrics.bucket_floor(now, metrics.DAY)

@@ -160,6 +160,7 @@ def test_an_event_committed_late_is_read_after_the_reader_passed_its_seq():
     assert seqs[str(late_id)] < seqs[str(early_id)]
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_export_resumes_after_a_kill_with_no_repeat_and_no_gap(
     worker_processes, manage_processes, tmp_path

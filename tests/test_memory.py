@@ -61,6 +61,7 @@ def test_nearest_neighbours_come_back_in_order():
     assert [names[e.id] for e in similar_events("alloy wheel title", k=1)] == ["seo"]
 
 
+@pytest.mark.slow
 def test_embedders_in_several_processes_embed_each_event_once():
     events = [remember(f"part {n} fits vehicle {n % 17}") for n in range(150)]
     runs = [
