@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from task_queue.models import Task
-from tests.conftest import REPO
 from tests.support.api import token
+from tests.support.processes import REPO
 from tests.support.server import http
 
 pytestmark = pytest.mark.slow

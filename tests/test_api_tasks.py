@@ -10,22 +10,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from task_queue.models import Task, TaskHistory, TaskStatus
-from tests.support.api import Api, field_names, token
+from tests.support.api import ECHO, Api, field_names
 from tests.support.queue import complete_pending, fail_pending
 
 pytestmark = pytest.mark.django_db
-
-ECHO = {"agent_name": "EchoAgent", "task_type": "echo"}
-
-
-@pytest.fixture
-def api() -> Api:
-    return Api(token("write"))
-
-
-@pytest.fixture
-def admin_api() -> Api:
-    return Api(token("admin"))
 
 
 def create(api: Api, **fields):

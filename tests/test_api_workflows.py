@@ -9,18 +9,11 @@ from datetime import timedelta
 import pytest
 
 from task_queue.models import Task, TaskStatus, Worker
-from tests.support.api import Api, field_names, token
+from tests.support.api import ECHO, Api, field_names
 from tests.support.queue import complete_pending, fail_pending
 from workflows.models import Workflow
 
 pytestmark = pytest.mark.django_db
-
-ECHO = {"agent_name": "EchoAgent", "task_type": "echo"}
-
-
-@pytest.fixture
-def api() -> Api:
-    return Api(token("write"))
 
 
 def workflow(api: Api, **fields) -> dict:
@@ -231,10 +224,11 @@ def test_enqueue_into_a_workflow_being_cancelled_waits_and_is_refused():
     from django.db import connection
 
     from task_queue import operations
-    from tests.conftest import test_database_url, wait_for
+    from tests.support.database import database_url
+    from tests.support.waiting import wait_for
 
     created = Workflow.objects.create(name="w", open=True)
-    with psycopg.connect(test_database_url()) as other:
+    with psycopg.connect(database_url()) as other:
         other.execute(
             "SELECT 1 FROM workflows WHERE id = %s FOR UPDATE", [created.id]
         )  # what the cancel endpoint holds
@@ -252,7 +246,7 @@ def test_enqueue_into_a_workflow_being_cancelled_waits_and_is_refused():
 
         adder = threading.Thread(target=add_task)
         adder.start()
-        with psycopg.connect(test_database_url(), autocommit=True) as observer:
+        with psycopg.connect(database_url(), autocommit=True) as observer:
             wait_for(
                 lambda: observer.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"

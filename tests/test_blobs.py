@@ -13,8 +13,8 @@ from agents_app import messaging
 from agents_app.models import AgentMessage
 from task_queue import blobs, operations
 from task_queue.models import OutboxEvent, Task, TaskStatus
-from tests.conftest import wait_for
 from tests.support.api import Api, token
+from tests.support.waiting import wait_for
 
 FIVE_MIB = 5 * 1024 * 1024
 
@@ -40,6 +40,7 @@ def digest(payload: dict) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_5_mib_payload_goes_end_to_end(worker_processes, blob_dir):
     api = Api(token("write"))
@@ -73,6 +74,7 @@ def test_a_5_mib_payload_goes_end_to_end(worker_processes, blob_dir):
     assert len(list(blob_dir.rglob("sha256-*"))) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_lost_blob_fails_its_task_and_the_worker_goes_on(worker_processes, blob_dir):
     lost = operations.enqueue("PayloadDigest", "digest", large_payload(100_000)).id

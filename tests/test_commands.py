@@ -3,11 +3,11 @@
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
 import urllib.request
+from datetime import timedelta
 from io import StringIO
 
 import psutil
@@ -15,11 +15,13 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command, get_commands
 from django.core.management.base import CommandError
+from django.db.models import F
 
 from task_queue.models import Task, TaskStatus, Worker
+from tests.support.processes import REPO, manage_env, run_manage
+from tests.support.server import free_port
+from tests.support.waiting import wait_for
 from workflows.models import Workflow
-
-from .conftest import REPO, manage_env, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -86,14 +88,7 @@ def test_enqueue_refuses_bad_input_and_writes_nothing(args, message):
 
 
 def test_enqueue_error_is_one_line_and_non_zero_exit():
-    result = subprocess.run(
-        [sys.executable, "manage.py", "enqueue", "EchoAgent", "echo", "--priority", "99"],
-        cwd=REPO,
-        env=manage_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_manage("enqueue", "EchoAgent", "echo", "--priority", "99", timeout=60)
     assert result.returncode == 1
     assert result.stdout == ""
     assert result.stderr.strip().splitlines() == [
@@ -104,13 +99,17 @@ def test_enqueue_error_is_one_line_and_non_zero_exit():
 def test_queue_stats_json_has_every_status():
     call("enqueue", "EchoAgent", "echo", "--count", "2")
     call("enqueue", "RunRecorder", "record")
+    # The EchoAgent tasks have waited an hour; the RunRecorder task, a moment.
+    Task.objects.filter(agent_name="EchoAgent").update(
+        available_at=F("available_at") - timedelta(hours=1)
+    )
     stats = json.loads(call("queue_stats", "--json"))
     statuses = {"pending", "leased", "running", "completed", "failed", "dead", "cancelled"}
     assert set(stats["totals"]) == statuses
     assert stats["totals"]["pending"] == 3
     assert stats["by_agent"]["EchoAgent"] == {s: (2 if s == "pending" else 0) for s in statuses}
     assert stats["by_agent"]["RunRecorder"]["pending"] == 1
-    assert stats["oldest_pending_age_seconds"] >= 0
+    assert 3600 <= stats["oldest_pending_age_seconds"] < 3660  # the oldest due task's wait
 
 
 def test_queue_stats_table():
@@ -143,9 +142,7 @@ def test_runworker_max_tasks():
 
 @pytest.mark.slow
 def test_up_serves_the_api_and_stops_everything_on_ctrl_c(transactional_db, tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     log = (tmp_path / "up.log").open("wb")
     up = subprocess.Popen(
         [sys.executable, "manage.py", "up", "--demo", "--agents", "EchoAgent", "--port", str(port)],

@@ -7,11 +7,10 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
-import sys
 from datetime import date, timedelta
 
 import pytest
+from django.db import connection
 from django.test import Client
 
 from agents_app.analytics import build_daily_report, schedule_daily_report
@@ -19,8 +18,9 @@ from agents_app.models import AgentEvent, DailyReport
 from task_queue import metrics, operations
 from task_queue.models import RollupProgress, Task, TaskQueueMetric, TaskStatus
 from task_queue.sql import db
-from tests.conftest import REPO, manage_env
 from tests.support.history import T0, at, seed_day_and_week, seed_history, seed_week
+from tests.support.processes import run_manage
+from tests.support.readers import outputs, start_waiting_readers
 from tests.support.users import staff
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -82,10 +82,7 @@ def test_today_is_computed_on_demand_and_partial():
 def test_the_agent_writes_the_report_in_a_worker_process():
     seed_day_and_week()
     task = operations.enqueue("AnalyticsAgent", "daily_report", {"day": DAY.isoformat()})
-    worker = subprocess.run(
-        [sys.executable, "manage.py", "runworker", "AnalyticsAgent", "--burst"],
-        cwd=REPO, env=manage_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    worker = run_manage("runworker", "AnalyticsAgent", "--burst")
     assert worker.returncode == 0, worker.stderr
     assert Task.objects.get(id=task.id).status == TaskStatus.COMPLETED
     row = DailyReport.objects.get(day=DAY)
@@ -97,43 +94,42 @@ def test_the_agent_writes_the_report_in_a_worker_process():
 
 def test_a_bad_day_fails_the_task_for_good():
     task = operations.enqueue("AnalyticsAgent", "daily_report", {"day": "yesterday"})
-    subprocess.run(
-        [sys.executable, "manage.py", "runworker", "AnalyticsAgent", "--burst"],
-        cwd=REPO, env=manage_env(), capture_output=True, timeout=120, check=True,
-    )  # fmt: skip
+    run_manage("runworker", "AnalyticsAgent", "--burst", check=True)
     failed = Task.objects.get(id=task.id)
     assert failed.status == TaskStatus.FAILED and failed.error_info["type"] == "InvalidPayload"
 
 
+@pytest.mark.slow
 def test_yesterdays_report_is_asked_for_once_however_many_schedulers():
     now = db.database_clock()
     today = metrics.bucket_floor(now, metrics.DAY)
     assert not schedule_daily_report(now=now)  # yesterday not rolled up yet
     RollupProgress.objects.create(bucket_seconds=metrics.DAY, computed_until=today)
-    runs = [
-        subprocess.Popen(
-            [sys.executable, "-c", SCHEDULE],
-            cwd=REPO,
-            env=manage_env(),
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(3)
-    ]
-    outcomes = [run.communicate(timeout=120)[0].strip() for run in runs]
-    assert all(run.returncode == 0 for run in runs)
+    # Three schedulers, each in its own process, wait on one channel; one NOTIFY
+    # releases them together. They run at the same instant `now`, so the test is the
+    # same just before midnight as at noon.
+    schedulers = start_waiting_readers(SCHEDULE.format(go=GO, now=now.isoformat()), 3, GO)
+    with connection.cursor() as cursor:
+        cursor.execute(f"NOTIFY {GO}")
+    outcomes = outputs(schedulers)
     yesterday = (today - timedelta(days=1)).date().isoformat()
     (task,) = Task.objects.filter(agent_name="AnalyticsAgent")
     assert task.payload == {"day": yesterday}
     assert task.idempotency_key == f"analytics:daily:{yesterday}"
-    assert sorted(outcomes).count("True") <= 1 and not schedule_daily_report()
+    assert outcomes.count(True) == 1 and not schedule_daily_report(now=now)
 
 
+GO = "test_daily_report_schedulers"
 SCHEDULE = """
-import django
+import django, json
 django.setup()
+from datetime import datetime
+from django.db import connection
 from agents_app.analytics import schedule_daily_report
-print(schedule_daily_report())
+with connection.cursor() as cursor:
+    cursor.execute("LISTEN {go}")
+next(connection.connection.notifies(timeout=60, stop_after=1))  # all start here
+print(json.dumps(schedule_daily_report(now=datetime.fromisoformat("{now}"))))
 """
 
 

@@ -15,9 +15,9 @@ from django.db import connection
 
 from task_queue import operations
 from task_queue.models import Task, TaskStatus
-from tests.conftest import wait_for
 from tests.support.browser import SCREENSHOTS, needs_chromium
-from tests.support.queue import fail_pending
+from tests.support.queue import fail_pending, make_failed, status_of
+from tests.support.waiting import wait_for
 
 PASSWORD = "a long test password"
 
@@ -41,7 +41,7 @@ def db(function, *args: Any, **kwargs: Any) -> Any:
 
 
 def status(task_id: UUID) -> str:
-    return db(lambda: Task.objects.get(id=task_id).status)
+    return db(status_of, task_id)
 
 
 @pytest.fixture
@@ -125,13 +125,6 @@ def test_overview_counts_move_while_a_worker_completes_tasks(
         timeout=20_000,
     )
     assert page.evaluate("window.notReloaded") is True
-
-
-def make_failed(payloads: list[dict]) -> list[UUID]:
-    """Tasks that failed permanently (no worker runs while they are made)."""
-    ids = [operations.enqueue("EchoAgent", "echo", payload).id for payload in payloads]
-    fail_pending("EchoAgent", retryable=False)
-    return ids
 
 
 def test_revive_and_edit_from_the_dead_letter(users, live_servers, worker_processes, browser):

@@ -16,7 +16,7 @@ from django.urls import reverse
 
 from task_queue import operations
 from task_queue.models import OperatorAction, PausedAgent, Task, TaskHistory, TaskStatus
-from tests.support.queue import complete_pending, fail_pending
+from tests.support.queue import complete_pending, fail_pending, make_failed
 from tests.support.users import staff as new_staff
 
 pytestmark = pytest.mark.django_db
@@ -33,8 +33,7 @@ OPERATOR = ("queue.revive_task", "queue.cancel_task", "queue.pause_agent")
 
 
 def dead_task(payload: dict | None = None) -> UUID:
-    task_id = operations.enqueue("EchoAgent", "echo", payload or {"n": 1}).id
-    fail_pending("EchoAgent", retryable=False)
+    (task_id,) = make_failed([payload or {"n": 1}])
     assert Task.objects.get(id=task_id).status == TaskStatus.FAILED
     return task_id
 

@@ -10,7 +10,7 @@ import time
 import psycopg
 import pytest
 
-from .conftest import REPO
+from tests.support.processes import REPO
 
 
 @pytest.fixture
@@ -34,6 +34,7 @@ def manage(env, *args, **popen_options):
     )
 
 
+@pytest.mark.slow
 def test_processes_started_together_share_one_server(embedded_env):
     processes = [manage(embedded_env, "embedded_db", "url") for _ in range(3)]
     results = [(p.wait(120), *p.communicate()) for p in processes]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 from datetime import timedelta
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from uuid import UUID
 
@@ -17,11 +18,11 @@ from django.utils import timezone
 
 from agents_app import messaging, pubsub
 from task_queue import event_stream, operations
-from task_queue.models import OutboxEvent
+from task_queue.models import OutboxEvent, TaskHistory
 from task_queue.sql import maintenance as maintenance_sql
-from tests.conftest import test_database_url as database_url
-from tests.conftest import wait_for
+from tests.support.database import database_url
 from tests.support.queue import claim_and_start, complete_pending, fail_pending
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -59,7 +60,12 @@ def test_a_task_lifecycle_is_in_the_stream_in_order():
     assert retry.payload["next_attempt_at"] and retry.payload["backoff_ms"] == 0
     assert completed.payload["attempt"] == 2
     assert completed.payload["result_ref"] == f"db://tasks/{task_id}/result"
-    assert completed.payload["duration_ms"] >= 0
+    # The run of the attempt that completed, from its start to its end, in whole ms.
+    attempt = TaskHistory.objects.get(task_id=task_id, event="completed")
+    run_us = (attempt.occurred_at - attempt.started_at) // timedelta(microseconds=1)
+    assert completed.payload["duration_ms"] == int(
+        (Decimal(run_us) / 1000).to_integral_value(ROUND_HALF_UP)
+    )
     envelope = json.loads(completed.to_json())
     assert set(envelope) == {
         "schema_version", "message_id", "trace_id", "causation_id", "kind", "emitted_at",
@@ -155,6 +161,7 @@ def test_an_event_committed_late_is_read_after_the_reader_passed_its_seq():
     assert seqs[str(late_id)] < seqs[str(early_id)]
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_export_resumes_after_a_kill_with_no_repeat_and_no_gap(
     worker_processes, manage_processes, tmp_path

@@ -18,8 +18,8 @@ from agents_app.memory import embed_batch, similar_events
 from agents_app.models import AgentEvent, EmbeddingJob
 from agents_app.sql import memory as memory_sql
 from task_queue import operations
-from tests.conftest import REPO, manage_env
 from tests.support.api import token
+from tests.support.processes import REPO, manage_env
 from tests.support.users import staff
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -62,6 +62,7 @@ def test_nearest_neighbours_come_back_in_order():
     assert [names[e.id] for e in similar_events("alloy wheel title", k=1)] == ["seo"]
 
 
+@pytest.mark.slow
 def test_embedders_in_several_processes_embed_each_event_once():
     events = [remember(f"part {n} fits vehicle {n % 17}") for n in range(150)]
     runs = [

@@ -139,6 +139,7 @@ print(json.dumps(seen))
 """
 
 
+@pytest.mark.slow
 def test_readers_in_several_processes_take_each_message_once():
     from django.db import transaction
 

@@ -3,8 +3,6 @@ figure can be worked out by hand (the comments do)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from datetime import datetime, timedelta
 
 import pytest
@@ -12,8 +10,8 @@ import pytest
 from task_queue import metrics, operations
 from task_queue.models import HISTOGRAM_BOUNDS, RollupProgress, TaskQueueMetric
 from task_queue.sql import db, locks
-from tests.conftest import REPO, manage_env
 from tests.support.history import T0, at, seed_history
+from tests.support.processes import run_manage
 from tests.support.queue import complete_pending
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -137,10 +135,7 @@ def test_one_process_rolls_up_at_a_time():
 
 
 def maintenance_once() -> None:
-    done = subprocess.run(
-        [sys.executable, "manage.py", "runmaintenance", "--once"],
-        cwd=REPO, env=manage_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = run_manage("runmaintenance", "--once")
     assert done.returncode == 0, done.stderr
 
 

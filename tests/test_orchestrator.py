@@ -15,9 +15,10 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from task_queue.models import Task, TaskStatus
-from tests.conftest import REPO, manage_env, wait_for
 from tests.support.api import token
+from tests.support.processes import REPO, manage_env
 from tests.support.server import http
+from tests.support.waiting import wait_for
 from workflows.management.commands.runorchestrator import Command as RunOrchestrator
 from workflows.models import Workflow
 from workflows.orchestrator.client import TOKEN_VARIABLE, ApiClient, ApiError

@@ -5,15 +5,12 @@ from __future__ import annotations
 import pytest
 
 from task_queue import operations
-from task_queue.models import Task, TaskStatus, Worker
+from task_queue.models import TaskStatus, Worker
 from task_queue.sql import leasing
-from tests.conftest import wait_for
+from tests.support.queue import status_of
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def status(task_id) -> str:
-    return Task.objects.get(id=task_id).status
 
 
 def test_claims_skip_a_paused_agent_and_its_due_time():
@@ -37,7 +34,7 @@ def test_a_worker_stops_leasing_a_paused_agent_and_resumes_when_woken(worker_pro
     worker = worker_processes("EchoAgent", "--lease", "1.5", "--poll", "60")
     worker.wait_ready()
     before = operations.enqueue("EchoAgent", "echo", {}).id
-    wait_for(lambda: status(before) == TaskStatus.COMPLETED, what="a task before the pause")
+    wait_for(lambda: status_of(before) == TaskStatus.COMPLETED, what="a task before the pause")
 
     operations.pause_agent("EchoAgent", actor="user:test")
     held_back = operations.enqueue("EchoAgent", "echo", {}).id
@@ -49,7 +46,7 @@ def test_a_worker_stops_leasing_a_paused_agent_and_resumes_when_woken(worker_pro
             lambda seen=seen: Worker.objects.get(pid=worker.pid).last_heartbeat_at > seen,
             what="a heartbeat",
         )
-    assert status(held_back) == TaskStatus.PENDING
+    assert status_of(held_back) == TaskStatus.PENDING
 
     operations.resume_agent("EchoAgent", actor="user:test")
-    wait_for(lambda: status(held_back) == TaskStatus.COMPLETED, timeout=20, what="the resume")
+    wait_for(lambda: status_of(held_back) == TaskStatus.COMPLETED, timeout=20, what="the resume")

@@ -143,6 +143,7 @@ print(json.dumps(seen))
 """
 
 
+@pytest.mark.slow
 def test_instances_of_one_subscriber_in_several_processes_take_each_delivery_once():
     subscribe("Indexer", "parts", "part.*")
     readers = start_waiting_readers(READER, 2, "automechanica_publications")

@@ -23,19 +23,15 @@ import pytest
 from task_queue import operations
 from task_queue.models import EventRelayCursor, OutboxEvent, Task
 from task_queue.relay.names import destination_key
-from tests.conftest import ManageProcess, wait_for
+from tests.support.processes import ManageProcess
 from tests.support.queue import complete_pending
+from tests.support.server import free_port
+from tests.support.waiting import wait_for
 
 NATS_URL = "nats://127.0.0.1:4222"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _listening(port: int) -> bool:
@@ -184,6 +180,7 @@ def nats_namespace() -> Iterator[str]:
     asyncio.run(_jetstream(remove))
 
 
+@pytest.mark.slow
 @needs_nats
 def test_nats_relay_killed_mid_stream_delivers_every_event_in_order(relays, nats_namespace):
     second = kill_mid_stream_and_restart(relays, NATS_URL, nats_namespace)
@@ -274,6 +271,7 @@ def rabbitmq_namespace() -> Iterator[str]:
     asyncio.run(_rabbitmq(remove))
 
 
+@pytest.mark.slow
 @needs_rabbitmq
 def test_rabbitmq_relay_killed_mid_stream_delivers_every_event_in_order(relays, rabbitmq_namespace):
     observed = rabbitmq_queue(rabbitmq_namespace, "grns.evt", "evt.#")
@@ -333,6 +331,7 @@ def test_relay_once_exits_with_the_reason_when_the_broker_is_unreachable(relays)
 NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("nats") is None or not Path(NATS_SERVER).exists(),
     reason="needs the nats extra and the nats-server binary",
@@ -377,6 +376,7 @@ def test_relay_rides_out_a_broker_restart(relays, tmp_path):
         server.wait()
 
 
+@pytest.mark.slow
 @needs_nats
 def test_one_relay_per_destination(relays, nats_namespace):
     running = relays(NATS_URL, nats_namespace)

@@ -9,8 +9,7 @@ import pytest
 from django.db import connection
 
 from task_queue.models import PRIORITY_MAX, PRIORITY_MIN, TaskStatus
-
-from .conftest import REPO
+from tests.support.processes import REPO
 
 pytestmark = pytest.mark.django_db
 

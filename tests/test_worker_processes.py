@@ -10,14 +10,12 @@ from task_queue import operations
 from task_queue.models import Task, TaskHistory, TaskStatus, Worker
 from task_queue.operations import TaskSpec
 from task_queue.sql import outcomes as outcomes_sql
-
-from .conftest import count_rows, kill, wait_for
+from tests.support.database import count_rows
+from tests.support.processes import kill
+from tests.support.queue import status_of
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-def status_of(task_id):
-    return Task.objects.get(id=task_id).status
 
 
 def test_four_workers_complete_2000_tasks_exactly_once(worker_processes, runs_table):

@@ -12,6 +12,9 @@ from django.test import AsyncClient
 from automechanica.api.models import Scope
 from automechanica.api.tokens import create_token
 
+# The smallest valid task body.
+ECHO = {"agent_name": "EchoAgent", "task_type": "echo"}
+
 
 class Api:
     """The API through Django's ASGI request handler, in the test's own transaction.

@@ -1,4 +1,5 @@
-"""Reader processes that wait on a notification channel, for the messaging tests."""
+"""Processes that wait on a notification channel, so one commit releases them together
+(the messaging tests' readers, the daily report's schedulers)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 
 from django.db import connection
 
-from tests.conftest import REPO, manage_env, wait_for
+from tests.support.processes import REPO, manage_env
+from tests.support.waiting import wait_for
 
 
 def start_waiting_readers(script: str, count: int, channel: str) -> list[subprocess.Popen]:

@@ -92,3 +92,10 @@ def http(method: str, url: str, token: str | None, body: Any = None) -> tuple[in
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
+
+
+def free_port() -> int:
+    """A loopback port no one listens on now (for a server the test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,29 @@
+"""The test database, as other processes reach it, and small queries on it."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from django.db import connection
+
+
+def database_url() -> str:
+    """A DATABASE_URL for the test database, for processes the tests start."""
+    settings = connection.settings_dict
+    name = settings["NAME"]
+    if settings["ENGINE"] == "automechanica.embedded_postgres":
+        from automechanica.embedded_postgres import server
+
+        return server.connection_url(name)
+    user = quote(settings["USER"] or "", safe="")
+    password = f":{quote(settings['PASSWORD'], safe='')}" if settings["PASSWORD"] else ""
+    host = quote(settings["HOST"] or "", safe="")
+    port = f":{settings['PORT']}" if settings["PORT"] else ""
+    return f"postgresql://{user}{password}@{host}{port}/{name}"
+
+
+def count_rows(sql: str, params: list | None = None) -> int:
+    """The single number a ``SELECT count(*) …`` returns."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params or [])
+        return cursor.fetchone()[0]
