@@ -24,7 +24,9 @@ def reap() -> str | None:
 
 def roll_up() -> None:
     rolled_up = metrics.roll_up()
-    if rolled_up:
+    # Only when rows were written: a first run's catch-up over the backfill days
+    # (QUEUE_METRICS_BACKFILL_DAYS) would otherwise log "{60: 0}" at every pass.
+    if rolled_up and any(rolled_up.values()):
         logger.info("metric rollups written: %s", rolled_up)
 
 

@@ -125,6 +125,15 @@ def test_every_route_refuses_too_small_a_scope_and_admits_its_own(operations):
                 assert response.status_code not in (401, 403), (method, route, scope)
 
 
+def test_too_small_a_scope_is_named_in_the_users_words():
+    response = Api(token("read", name="reporting")).post("/api/v1/tasks", {})
+    assert response.status_code == 403
+    assert response.json()["message"] == (
+        "this route needs a token with scope 'write'; token 'reporting' has 'read'"
+    )
+    assert "Scope." not in response.content.decode()
+
+
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
     """A JSON object hook refusing duplicate keys (Swagger UI's parser refuses them)."""
     keys = [key for key, _ in pairs]

@@ -181,6 +181,8 @@ def test_up_serves_the_api_and_stops_everything_on_ctrl_c(transactional_db, tmp_
         printed = (tmp_path / "up.log").read_text()
         password = printed.split("created the admin user: admin / ")[1].split()[0]
         assert admin.username == "admin" and admin.check_password(password)
+        # No access log by default (up --access-log FILE asks for one).
+        assert '"GET /api/v1/tasks' not in printed
         up.send_signal(signal.SIGINT)
         assert up.wait(60) == 0, (tmp_path / "up.log").read_text()
         _, alive = psutil.wait_procs(children, timeout=10)

@@ -30,6 +30,27 @@ def test_seed_tasks_makes_the_asked_shares():
         call_command("seed_tasks", count=10, dead=0.9, failed=0.9, stdout=io.StringIO())
 
 
+def test_seed_tasks_says_how_many_rows_it_writes_and_where():
+    from django.db import connection
+
+    out = io.StringIO()
+    call_command("seed_tasks", count=300, stdout=out)
+    first = out.getvalue().splitlines()[0]
+    name = connection.settings_dict["NAME"]
+    assert first.startswith(f"inserting 300 synthetic tasks into database {name!r} at ")
+    assert "event_outbox" in first
+    assert Task.objects.count() == 300
+
+
+def test_seed_tasks_refuses_a_database_without_its_tables():
+    from django.db import connection
+
+    with connection.cursor() as cursor:  # rolled back with the test's transaction
+        cursor.execute("ALTER TABLE tasks RENAME TO tasks_elsewhere")
+    with pytest.raises(CommandError, match=r"has no tasks table: run `manage.py migrate` first"):
+        call_command("seed_tasks", count=10, stdout=io.StringIO())
+
+
 def test_the_overview_estimates_finished_tasks_on_a_large_table(monkeypatch):
     call_command("seed_tasks", count=20_000, stdout=io.StringIO())
     exact = overview.take_snapshot()

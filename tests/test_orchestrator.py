@@ -156,6 +156,45 @@ def test_a_server_error_is_retried_and_a_refusal_ends_the_orchestrator():
     assert refused.passes == 1
 
 
+class StuckWorkflowApi:
+    """An API with one open workflow whose first task is ``status``."""
+
+    def __init__(self) -> None:
+        self.status = "dead"
+        self.open = True
+        definition = load_all()["supplier_onboarding"].as_json()
+        state = {"definition": definition, "input": {}, "run_id": "r"}
+        self.workflow = {"id": "wf-1", "trace_id": "tr", "metadata": {"orchestrator": state}}
+
+    def pages(self, path: str, **params: str) -> list[dict]:
+        if path == "/api/v1/workflows":
+            return [self.workflow] if self.open else []
+        return [{"idempotency_key": "wf:r:normalize", "status": self.status, "result": None}]
+
+
+def test_a_stuck_workflow_is_reported_once_per_change(caplog):
+    api = StuckWorkflowApi()
+    driver = Orchestrator(api)
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+    with caplog.at_level("INFO", logger="workflows.orchestrator.driver"):
+        for _ in range(5):
+            driver.run_once()
+        assert warnings() == ["workflow wf-1 needs attention: ['normalize']"]
+        api.status = "pending"  # revived
+        driver.run_once()
+        api.status = "failed"  # and stuck again
+        driver.run_once()
+        driver.run_once()
+        assert len(warnings()) == 2
+        assert "workflow wf-1: no step is stuck any more" in caplog.messages
+        api.open = False  # closed: forgotten
+        driver.run_once()
+        assert driver._stuck == {}
+
+
 # ------------------------------------------------------------------ end to end
 
 

@@ -25,7 +25,7 @@ class TokenAuth(HttpBearer):
 
     def __init__(self, scope: Scope) -> None:
         super().__init__()
-        self.scope = scope
+        self.scope = Scope(scope)
 
     def authenticate(self, request: HttpRequest, token: str) -> ApiToken | None:
         row = find_active_token(token)
@@ -33,8 +33,10 @@ class TokenAuth(HttpBearer):
             return None
         if not scope_allows(row.scope, self.scope):
             raise AuthorizationError(
-                message=f"this route needs a token with scope {self.scope!r}; "
-                f"token {row.name!r} has {row.scope!r}"
+                # The scopes' values, the words a user types (--scope write), not
+                # the enum's repr (<Scope.WRITE: 'write'>).
+                message=f"this route needs a token with scope '{self.scope.value}'; "
+                f"token {row.name!r} has '{Scope(row.scope).value}'"
             )
         return row
 

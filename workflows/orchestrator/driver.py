@@ -102,6 +102,9 @@ def _new_task(step: Step, key: str, payload: Any) -> dict[str, Any]:
 class Orchestrator:
     def __init__(self, client: ApiClient) -> None:
         self.client = client
+        # Workflow id -> the stuck steps last reported, so that a workflow waiting
+        # for an operator is logged once per change, not at every pass.
+        self._stuck: dict[str, tuple[str, ...]] = {}
 
     def start(self, definition: Definition, workflow_input: Any, *, name: str = "") -> str:
         """Create a workflow running ``definition`` with its first steps' tasks."""
@@ -136,10 +139,12 @@ class Orchestrator:
         """One pass over every open workflow this orchestrator drives; returns how many
         tasks it created."""
         created = 0
+        seen = set()
         for workflow in self.client.pages("/api/v1/workflows", open="true"):
             state = (workflow.get("metadata") or {}).get("orchestrator")
             if not isinstance(state, dict):
                 continue  # a workflow someone else drives
+            seen.add(workflow["id"])
             try:
                 created += self.drive(workflow, state)
             except (ApiError, DefinitionError) as error:
@@ -148,6 +153,8 @@ class Orchestrator:
                 # One malformed workflow (its metadata edited by hand, say) must not
                 # stop the others from being driven.
                 log.exception("workflow %s: cannot drive it", workflow["id"])
+        # Closed or cancelled workflows are no longer driven: forget what was reported.
+        self._stuck = {key: steps for key, steps in self._stuck.items() if key in seen}
         return created
 
     def drive(self, workflow: dict[str, Any], state: dict[str, Any]) -> int:
@@ -167,9 +174,19 @@ class Orchestrator:
             self.client.post("/api/v1/tasks", batch)
         if next_step.new_tasks:
             log.info("workflow %s: enqueued %d task(s)", workflow["id"], len(next_step.new_tasks))
-        if next_step.stuck:
-            log.warning("workflow %s needs attention: %s", workflow["id"], next_step.stuck)
+        self._report_stuck(workflow["id"], tuple(next_step.stuck))
         if next_step.complete:
             self.client.patch(f"/api/v1/workflows/{workflow['id']}", {"open": False})
             log.info("workflow %s: every step enqueued; closed", workflow["id"])
         return len(next_step.new_tasks)
+
+    def _report_stuck(self, workflow_id: str, stuck: tuple[str, ...]) -> None:
+        """Log a workflow's stuck steps when they change (not at every pass)."""
+        if stuck == self._stuck.get(workflow_id, ()):
+            return
+        if stuck:
+            log.warning("workflow %s needs attention: %s", workflow_id, list(stuck))
+            self._stuck[workflow_id] = stuck
+        else:
+            log.info("workflow %s: no step is stuck any more", workflow_id)
+            del self._stuck[workflow_id]

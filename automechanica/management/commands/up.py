@@ -1,4 +1,4 @@
-"""``manage.py up [--demo] [--port 8000]``: run the product on one machine.
+"""``manage.py up [--demo] [--port 8000] [--access-log FILE]``: run the product on one machine.
 
 Applies migrations (starting the embedded database when ``DATABASE_URL`` is unset),
 creates an admin user on the first run (printing its generated password once), then
@@ -46,6 +46,12 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1", help="web server address")
         parser.add_argument("--port", type=int, default=8000, help="web server port (8000)")
         parser.add_argument(
+            "--access-log",
+            metavar="FILE",
+            help="write the web server's access log (a line per request) to FILE, "
+            "or to the terminal with '-' (default: none)",
+        )
+        parser.add_argument(
             "--demo",
             action="store_true",
             help="also run the orchestrator with a stream of demo workflows, some failing",
@@ -63,8 +69,12 @@ class Command(BaseCommand):
             agent: ["manage.py", "runworker", agent, "--concurrency", str(options["concurrency"])]
             for agent in agents
         }
+        # daphne writes a line per request to the terminal unless told otherwise
+        # (-v 0; Django's LOGGING still sets the level of every other log).
+        log = options["access_log"]
+        access_log = ["--access-log", log] if log else ["-v", "0"]
         commands["web server"] = [
-            "-m", "daphne", "-b", options["host"], "-p", str(options["port"]),
+            "-m", "daphne", "-b", options["host"], "-p", str(options["port"]), *access_log,
             "automechanica.asgi:application",
         ]  # fmt: skip
         commands["maintenance"] = ["manage.py", "runmaintenance"]

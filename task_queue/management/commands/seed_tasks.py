@@ -1,6 +1,11 @@
 """``manage.py seed_tasks --count 1000000``: a large synthetic history, for measuring
 the dashboard at scale (``dashboard_bench``). Its tasks have the task type
 ``seed:<agent>``, which no worker handles, so seeded pending tasks stay pending.
+
+It writes ``--count`` rows into ``tasks`` (and, through the event stream's trigger,
+one ``evt.task.created.v1`` row each into ``event_outbox``) of the database the
+settings point at, and says so before it starts; it refuses a database whose tables
+were never made (``manage.py migrate``).
 """
 
 from __future__ import annotations
@@ -10,9 +15,10 @@ import uuid
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import transaction
+from django.db import connection, transaction
 
 from task_queue import bench_sql, registry
+from task_queue.models import Task
 
 BATCH = 100_000
 
@@ -34,6 +40,14 @@ class Command(BaseCommand):
             raise CommandError("--count and --days must be at least 1")
         if any(not 0 <= share <= 1 for share in shares.values()) or sum(shares.values()) > 1:
             raise CommandError("each share must be from 0 to 1, and together at most 1")
+        if Task._meta.db_table not in connection.introspection.table_names():
+            raise CommandError(
+                f"{database()} has no {Task._meta.db_table} table: run `manage.py migrate` first"
+            )
+        self.stdout.write(
+            f"inserting {options['count']} synthetic tasks into {database()} (table tasks, "
+            "and one evt.task.created.v1 event each in event_outbox)"
+        )
         batch = uuid.uuid4().hex[:8]
         started = time.monotonic()
         done = 0
@@ -49,3 +63,10 @@ class Command(BaseCommand):
         bench_sql.analyze_tasks()
         elapsed = time.monotonic() - started
         self.stdout.write(f"seeded {done} tasks (batch {batch}) in {elapsed:.0f} s")
+
+
+def database() -> str:
+    """The database these settings point at, as "database 'NAME' at HOST:PORT"."""
+    connection.ensure_connection()
+    info = connection.connection.info
+    return f"database {info.dbname!r} at {info.host}:{info.port}"
