@@ -17,9 +17,9 @@ class AgentsConfig(AppConfig):
 
         # The queue cannot import this app: it runs what the app registers.
         outcomes_sql.add_to_completion("agent memory", memory_sql.EVENTS_OF_COMPLETED_TASKS)
-        maintenance.register("daily report", analytics.daily_report_job)
-        maintenance.register("message leases", messaging.recover_leases)
-        maintenance.register("delivery leases", pubsub.recover_leases)
+        maintenance.register("message leases", messaging.recover_leases, order=maintenance.LEASES)
+        maintenance.register("delivery leases", pubsub.recover_leases, order=maintenance.LEASES)
+        maintenance.register("daily report", analytics.daily_report_job, order=maintenance.REPORTS)
         queue_retention.register("agent events", retention.prune_agent_events)
         queue_retention.register("messages", retention.prune_messages)
         queue_retention.register("publications", retention.prune_publications)

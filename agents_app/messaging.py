@@ -162,7 +162,8 @@ def wait_for_some(look: Callable[[], list[T]], *, channel: str, agent: str, wait
 
 
 def ack(message: Message) -> bool:
-    """Mark ``message`` processed; False if its lease ran out and it went elsewhere."""
+    """Mark ``message`` processed; False if its lease ran out and it was given back or
+    went to another reader."""
     return acknowledge(message.id, message.receipt)
 
 

@@ -32,7 +32,7 @@ class AgentEvent(models.Model):
         db_constraint=False,
     )
     workflow = models.ForeignKey(
-        "workflows.Workflow",
+        "queue.Workflow",
         null=True,
         blank=True,
         on_delete=models.SET_NULL,
@@ -145,7 +145,7 @@ class MessageType(models.TextChoices):
 
 
 class MessageStatus(models.TextChoices):
-    PENDING = "pending"  # not yet received
+    PENDING = "pending"  # not received, or given back when its reader's lease ended
     DELIVERED = "delivered"  # received, not acknowledged: redelivered once visible again
     ACKNOWLEDGED = "acknowledged"
     EXPIRED = "expired"

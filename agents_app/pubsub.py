@@ -161,7 +161,8 @@ def receive(
 
 
 def ack(delivery: Delivery, result: Any = None) -> bool:
-    """Mark ``delivery`` processed with its ``result``; False if its lease ran out."""
+    """Mark ``delivery`` processed with its ``result``; False if its lease ran out and
+    it was given back or went to another reader."""
     return acknowledge(delivery.id, delivery.receipt, result)
 
 

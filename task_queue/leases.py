@@ -36,6 +36,10 @@ from task_queue.sql.db import fetch
 
 T = TypeVar("T")
 
+# Rows a recovery gives back per pass, oldest lease end first; the rest wait for the
+# next pass. Rows someone holds are skipped, so recovery never waits on a lock.
+RECOVERY_BATCH = 1000
+
 
 @dataclass(frozen=True)
 class Lease:

@@ -2,9 +2,10 @@
 
 Apps register their jobs here when Django starts (in ``AppConfig.ready()``), so the
 loop in the queue runs work that lives in higher layers, such as the AnalyticsAgent's
-daily report, without importing it. Each pass runs every job that is due, in the
-order they were registered; a job that must run in one process at a time across the
-cluster takes its own advisory lock (``task_queue.locks``).
+daily report, without importing it. Each pass runs every job that is due, by
+``order`` (then in the order they were registered); a job that must run in one
+process at a time across the cluster takes its own advisory lock
+(``task_queue.sql.locks``).
 """
 
 from __future__ import annotations
@@ -14,41 +15,55 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+# Orders of the jobs the product registers: leases first, then the rollups the daily
+# report reads, the report, and retention last (it may take longest).
+LEASES, ROLLUPS, REPORTS, RETENTION = 10, 20, 30, 90
 
-@dataclass
+
+@dataclass(frozen=True)
 class MaintenanceJob:
     name: str
     # Does the work; returns a line for the operator's console, or None to say nothing.
     run: Callable[[], str | None]
-    # 0: on every pass; otherwise at most this often (the loop's monotonic clock).
+    # 0: on every pass; otherwise at most this often.
     every_seconds: float = 0.0
-    last_run: float = field(default=-math.inf, compare=False)
-
-    def due(self, now: float) -> bool:
-        return now - self.last_run >= self.every_seconds
+    order: int = 50
 
 
 _jobs: dict[str, MaintenanceJob] = {}
 
 
-def register(name: str, run: Callable[[], str | None], *, every_seconds: float = 0.0) -> None:
+def register(
+    name: str,
+    run: Callable[[], str | None],
+    *,
+    every_seconds: float = 0.0,
+    order: int = 50,
+) -> None:
     """Add a job to every maintenance pass (again under the same name: replace it)."""
-    _jobs[name] = MaintenanceJob(name, run, every_seconds)
+    _jobs[name] = MaintenanceJob(name, run, every_seconds, order)
 
 
 def registered() -> list[MaintenanceJob]:
-    return list(_jobs.values())
+    return sorted(_jobs.values(), key=lambda job: job.order)  # stable: registration order
 
 
-def run_due_jobs() -> list[str]:
-    """One pass: every due job, in registration order; the lines they reported."""
-    said = []
-    for job in registered():
-        now = time.monotonic()
-        if not job.due(now):
-            continue
-        line = job.run()
-        job.last_run = now
-        if line:
-            said.append(line)
-    return said
+@dataclass
+class Schedule:
+    """When each job last ran, on this loop's monotonic clock (one per loop)."""
+
+    last_run: dict[str, float] = field(default_factory=dict)
+
+    def run_due_jobs(self) -> list[str]:
+        """One pass: every due job, by order; the lines they reported. A job that
+        raises is due again at the next pass; the jobs after it wait for that pass."""
+        said = []
+        for job in registered():
+            now = time.monotonic()
+            if now - self.last_run.get(job.name, -math.inf) < job.every_seconds:
+                continue
+            line = job.run()
+            self.last_run[job.name] = now
+            if line:
+                said.append(line)
+        return said

@@ -38,6 +38,11 @@ def sequence_and_prune() -> None:
 
 
 def register() -> None:
-    maintenance.register("reaper", reap)
-    maintenance.register("metric rollups", roll_up)
-    maintenance.register("retention", sequence_and_prune, every_seconds=retention.EVERY_SECONDS)
+    maintenance.register("reaper", reap, order=maintenance.LEASES)
+    maintenance.register("metric rollups", roll_up, order=maintenance.ROLLUPS)
+    maintenance.register(
+        "retention",
+        sequence_and_prune,
+        every_seconds=retention.EVERY_SECONDS,
+        order=maintenance.RETENTION,
+    )

@@ -18,15 +18,13 @@ from task_queue.sql.leasing import TASK_LEASE
 
 logger = logging.getLogger(__name__)
 
-BATCH = 1000
-
 
 def reap_expired_leases(*, now: datetime | None = None) -> list[tuple] | None:
     """One reaper pass. Returns the (id, agent, new status) of the tasks recovered,
     or None if another worker holds the reaper lock right now."""
 
     def reap() -> list[tuple]:
-        reaped = maintenance_sql.reap_expired_leases(limit=BATCH, now=now)
+        reaped = maintenance_sql.reap_expired_leases(limit=leases.RECOVERY_BATCH, now=now)
         if reaped:
             enqueue_sql.notify_agents([agent for _, agent, status in reaped if status == "pending"])
         maintenance_sql.prune_stale_workers(

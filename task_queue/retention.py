@@ -51,6 +51,7 @@ class Pruned:
 
     def add(self, counts: dict[str, int]) -> None:
         for kind, n in counts.items():
+            kind = "tasks" if kind == WORKFLOW_TASKS else kind
             if kind in KINDS:
                 setattr(self, kind, getattr(self, kind) + n)
 
@@ -59,6 +60,9 @@ class Pruned:
 
 
 KINDS = tuple(Pruned.__dataclass_fields__)
+# The tasks of pruned workflows: counted as tasks, but not a reason for another batch
+# (a batch of workflows may hold any number of tasks).
+WORKFLOW_TASKS = "workflow_tasks"
 
 # A prune step deletes (or expires) one batch of what it owns, in the pass's
 # transaction: given the database clock and the batch size, it returns its counts by
@@ -77,7 +81,7 @@ def _finished_tasks(clock: datetime, batch: int) -> dict[str, int]:
     cutoff = clock - timedelta(days=settings.QUEUE_RETENTION_DAYS)
     tasks = retention_sql.prune_finished_tasks(cutoff=cutoff, batch=batch)
     workflow_tasks, workflows = retention_sql.prune_finished_workflows(cutoff=cutoff, batch=batch)
-    return {"tasks": tasks + workflow_tasks, "workflows": workflows}
+    return {"tasks": tasks, "workflows": workflows, WORKFLOW_TASKS: workflow_tasks}
 
 
 def _stream_events(clock: datetime, batch: int) -> dict[str, int]:
@@ -101,7 +105,8 @@ def prune(*, now: datetime | None = None) -> Pruned | None:
             counts = [step(clock, BATCH) for step in _steps.values()]
         for step_counts in counts:
             pruned.add(step_counts)
-        if all(n < BATCH for step_counts in counts for n in step_counts.values()):
+        batch_sizes = (n for c in counts for kind, n in c.items() if kind != WORKFLOW_TASKS)
+        if all(n < BATCH for n in batch_sizes):
             break
     with transaction.atomic():
         retention_sql.prune_worker_heartbeats(

@@ -34,10 +34,11 @@ from django.core.management import call_command, get_commands, load_command_clas
 from django.db import connection
 
 from automechanica.api.tokens import create_token
-from tests.conftest import REPO, manage_env, wait_for
-from tests.conftest import test_database_url as database_url
 from tests.docs_checks import CHECKS, Check, Run
+from tests.support.database import database_url
+from tests.support.processes import REPO, manage_env
 from tests.support.server import LiveServer
+from tests.support.waiting import wait_for
 from tests.test_relay import nats_namespace, rabbitmq_namespace  # noqa: F401 - fixtures
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

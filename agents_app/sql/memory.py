@@ -111,13 +111,21 @@ RETURNING j.status
 """
 
 RECOVER_EMBEDDING_JOBS = f"""
+WITH expired AS (
+    SELECT id FROM embedding_jobs j
+    WHERE {EMBEDDING_LEASE.expired("j")}
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
 UPDATE embedding_jobs j
 SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
     available_at = {_NOW}, {EMBEDDING_LEASE.clear()},
     error_info = jsonb_build_object('type', 'LeaseExpired',
                                     'message', 'the embedder stopped heartbeating'),
     updated_at = {_NOW}
-WHERE {EMBEDDING_LEASE.expired("j")}
+FROM expired
+WHERE j.id = expired.id
 RETURNING j.id
 """
 
@@ -177,5 +185,6 @@ def fail_embedding_job(
 def recover_embedding_jobs(*, now: datetime | None = None) -> int | None:
     """Jobs whose embedder stopped renewing its lease: pending again, or dead. How
     many; None when another embedder is recovering them right now."""
-    recovered = leases.recover(EMBEDDING_LEASE, lambda: fetch(RECOVER_EMBEDDING_JOBS, {"now": now}))
+    params = {"limit": leases.RECOVERY_BATCH, "now": now}
+    recovered = leases.recover(EMBEDDING_LEASE, lambda: fetch(RECOVER_EMBEDDING_JOBS, params))
     return None if recovered is None else len(recovered)

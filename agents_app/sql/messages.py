@@ -76,12 +76,21 @@ RETURNING m.id
 
 
 def recover_statement(lease: Lease) -> str:
-    """Give back the rows of ``lease``'s table (messages or publication deliveries:
-    the same columns) whose reader's lease ended: pending again, receivable at once."""
+    """Give back up to %(limit)s rows of ``lease``'s table (messages or publication
+    deliveries: the same columns) whose reader's lease ended: pending again,
+    receivable at once. Rows someone holds are skipped, never waited for."""
     return f"""
+WITH expired AS (
+    SELECT id FROM {lease.table} x
+    WHERE {lease.expired("x")}
+    ORDER BY {lease.ends}
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
 UPDATE {lease.table} x
 SET status = 'pending', {lease.clear()}
-WHERE {lease.expired("x")}
+FROM expired
+WHERE x.id = expired.id
 RETURNING x.id
 """
 
@@ -167,7 +176,8 @@ def ack_message(message_id: UUID, receipt: UUID, *, now: datetime | None = None)
 def recover_messages(*, now: datetime | None = None) -> int | None:
     """Messages whose reader's lease ended, given back; how many, or None when
     another process is recovering them right now."""
-    recovered = leases.recover(MESSAGE_LEASE, lambda: fetch(RECOVER_MESSAGES, {"now": now}))
+    params = {"limit": leases.RECOVERY_BATCH, "now": now}
+    recovered = leases.recover(MESSAGE_LEASE, lambda: fetch(RECOVER_MESSAGES, params))
     return None if recovered is None else len(recovered)
 
 

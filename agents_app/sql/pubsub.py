@@ -198,7 +198,8 @@ def ack_publication(
 def recover_deliveries(*, now: datetime | None = None) -> int | None:
     """Deliveries whose reader's lease ended, given back; how many, or None when
     another process is recovering them right now."""
-    recovered = leases.recover(DELIVERY_LEASE, lambda: fetch(RECOVER_DELIVERIES, {"now": now}))
+    params = {"limit": leases.RECOVERY_BATCH, "now": now}
+    recovered = leases.recover(DELIVERY_LEASE, lambda: fetch(RECOVER_DELIVERIES, params))
     return None if recovered is None else len(recovered)
 
 

@@ -75,7 +75,7 @@ class ApiError(Exception):
     @classmethod
     def stale_receipt(cls, what: str) -> ApiError:
         """An ack whose receipt is not the current delivery's (the lease ran out and
-        the item went to another reader, or it is done)."""
+        the item was given back or went to another reader, or it is done)."""
         return cls(
             409,
             "stale_receipt",

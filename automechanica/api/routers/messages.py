@@ -65,7 +65,8 @@ def receive_messages(request: HttpRequest, body: MessageReceive):
 )
 def ack_message(request: HttpRequest, message_id: UUID, body: MessageAck):
     """Mark a delivered message processed. 409 when the receipt is not the current
-    delivery's (its lease ran out and it went to another reader, or it is done)."""
+    delivery's (its lease ran out and it was given back or went to another reader,
+    or it is done)."""
     message = AgentMessage.objects.filter(id=message_id).first()
     if message is None:
         raise ApiError.not_found("message")

@@ -47,9 +47,10 @@ class Command(BaseCommand):
             self.stdout.write(f"one maintenance pass: {jobs}")
         else:
             self.stdout.write(f"maintenance every {options['every']} s: {jobs}")
+        schedule = maintenance.Schedule()
         while True:
             try:
-                for line in maintenance.run_due_jobs():
+                for line in schedule.run_due_jobs():
                     self.stdout.write(line)
             except DatabaseError as error:
                 logger.warning("maintenance pass failed (%s); trying again", error)

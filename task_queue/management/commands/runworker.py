@@ -68,6 +68,13 @@ class Command(BaseCommand):
             raise CommandError("--concurrency must be at least 1")
         if options["max_tasks"] is not None and options["max_tasks"] < 1:
             raise CommandError("--max-tasks must be at least 1")
+        stale = settings.QUEUE_STALE_WORKER_SECONDS
+        if options["lease"] / 3 >= stale:
+            # The reaper would forget this worker between two of its heartbeats.
+            raise CommandError(
+                f"--lease {options['lease']:g}: heartbeats every {options['lease'] / 3:g} s "
+                f"must come within QUEUE_STALE_WORKER_SECONDS ({stale:g} s)"
+            )
         worker = Worker(
             WorkerConfig(
                 agents=options["agents"],

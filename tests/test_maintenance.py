@@ -1,0 +1,60 @@
+"""The maintenance loop runs what the apps registered, in order, each on its own
+schedule (no database: the jobs here are stand-ins)."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from task_queue import maintenance
+
+
+def test_the_registered_jobs_run_leases_first_and_retention_last():
+    names = [job.name for job in maintenance.registered()]
+    assert names == [
+        "reaper",
+        "message leases",
+        "delivery leases",
+        "metric rollups",
+        "daily report",
+        "retention",
+    ]
+
+
+def test_a_schedule_runs_a_periodic_job_once_per_period(monkeypatch):
+    ran = []
+    monkeypatch.setattr(maintenance, "_jobs", {})
+    maintenance.register("every pass", lambda: ran.append("every") or "said", order=2)
+    maintenance.register(
+        "hourly", lambda: ran.append("hourly") or None, every_seconds=3600, order=1
+    )
+    schedule = maintenance.Schedule()
+    assert schedule.run_due_jobs() == ["said"]
+    assert schedule.run_due_jobs() == ["said"]
+    assert ran == ["hourly", "every", "every"]
+    # A new loop (a second `runmaintenance --once`) has a schedule of its own.
+    maintenance.Schedule().run_due_jobs()
+    assert ran == ["hourly", "every", "every", "hourly", "every"]
+
+
+def test_a_job_that_fails_is_due_again_at_the_next_pass(monkeypatch):
+    calls = []
+
+    def flaky() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("database went away")
+
+    monkeypatch.setattr(maintenance, "_jobs", {})
+    maintenance.register("flaky", flaky, every_seconds=3600)
+    schedule = maintenance.Schedule()
+    with pytest.raises(RuntimeError):
+        schedule.run_due_jobs()
+    schedule.run_due_jobs()
+    assert len(calls) == 2
+
+
+def test_a_worker_whose_heartbeats_the_reaper_would_outwait_is_refused(settings):
+    settings.QUEUE_STALE_WORKER_SECONDS = 90
+    with pytest.raises(CommandError, match="QUEUE_STALE_WORKER_SECONDS"):
+        call_command("runworker", "EchoAgent", "--lease", "300")
