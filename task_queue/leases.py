@@ -175,6 +175,15 @@ def recover(lease: Lease, run: Callable[[], T]) -> T | None:
         return run()
 
 
+def recover_expired(lease: Lease, statement: str, *, now: datetime | None = None) -> int | None:
+    """Run ``lease``'s recovery ``statement`` (one that gives back up to ``%(limit)s``
+    expired rows and returns them) under the lock; how many it gave back, or None
+    when another process is recovering that table."""
+    params = {"limit": RECOVERY_BATCH, "now": now}
+    recovered = recover(lease, lambda: fetch(statement, params))
+    return None if recovered is None else len(recovered)
+
+
 def backoff(attempt: str, base_delay: str) -> str:
     """SQL: the interval a retried failure waits, ``attempt² × base_delay`` seconds
     (spec 001 §5: 5 s, 20 s, 45 s, … with a 5 s base)."""

@@ -185,6 +185,4 @@ def fail_embedding_job(
 def recover_embedding_jobs(*, now: datetime | None = None) -> int | None:
     """Jobs whose embedder stopped renewing its lease: pending again, or dead. How
     many; None when another embedder is recovering them right now."""
-    params = {"limit": leases.RECOVERY_BATCH, "now": now}
-    recovered = leases.recover(EMBEDDING_LEASE, lambda: fetch(RECOVER_EMBEDDING_JOBS, params))
-    return None if recovered is None else len(recovered)
+    return leases.recover_expired(EMBEDDING_LEASE, RECOVER_EMBEDDING_JOBS, now=now)

@@ -176,9 +176,7 @@ def ack_message(message_id: UUID, receipt: UUID, *, now: datetime | None = None)
 def recover_messages(*, now: datetime | None = None) -> int | None:
     """Messages whose reader's lease ended, given back; how many, or None when
     another process is recovering them right now."""
-    params = {"limit": leases.RECOVERY_BATCH, "now": now}
-    recovered = leases.recover(MESSAGE_LEASE, lambda: fetch(RECOVER_MESSAGES, params))
-    return None if recovered is None else len(recovered)
+    return leases.recover_expired(MESSAGE_LEASE, RECOVER_MESSAGES, now=now)
 
 
 def expire_messages(*, batch: int, now: datetime | None = None) -> int:

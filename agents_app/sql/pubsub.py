@@ -198,9 +198,7 @@ def ack_publication(
 def recover_deliveries(*, now: datetime | None = None) -> int | None:
     """Deliveries whose reader's lease ended, given back; how many, or None when
     another process is recovering them right now."""
-    params = {"limit": leases.RECOVERY_BATCH, "now": now}
-    recovered = leases.recover(DELIVERY_LEASE, lambda: fetch(RECOVER_DELIVERIES, params))
-    return None if recovered is None else len(recovered)
+    return leases.recover_expired(DELIVERY_LEASE, RECOVER_DELIVERIES, now=now)
 
 
 def expire_deliveries(*, batch: int, now: datetime | None = None) -> int:
