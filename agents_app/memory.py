@@ -12,7 +12,6 @@ retried with backoff, then marked dead.
 from __future__ import annotations
 
 import logging
-import threading
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pgvector.django import CosineDistance
 
 from agents_app.sql import memory as memory_sql
 from task_queue import leases
+from task_queue.stop_signals import Stop
 
 from .embeddings import embed
 from .models import AgentEvent
@@ -67,7 +67,7 @@ def embed_batch(owner: str, *, limit: int = 32) -> EmbedderStats:
     return stats
 
 
-def run_embedder(stop: threading.Event, *, batch: int, poll: float, once: bool) -> EmbedderStats:
+def run_embedder(stop: Stop, *, batch: int, poll: float, once: bool) -> EmbedderStats:
     """Embed until ``stop`` is set (or, with ``once``, until nothing is due)."""
     owner = leases.holder_id()
     total = EmbedderStats()

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import IO
 
 from task_queue import event_stream
+from task_queue.stop_signals import Stop
 
 EXPORT_BATCH = 1000
 _CHUNK = 64 * 1024
@@ -73,7 +73,7 @@ def export(
     since_time: datetime | None,
     follow: bool,
     poll_seconds: float,
-    stop: threading.Event,
+    stop: Stop,
     sync: bool = False,
 ) -> Exported:
     """Write events after position ``after`` to ``out``, one JSON object per line, in

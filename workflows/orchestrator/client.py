@@ -11,6 +11,8 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+from task_queue.stop_signals import Stop
+
 # Where the orchestrator finds its token when --token is not given.
 TOKEN_VARIABLE = "AUTOMECHANICA_API_TOKEN"
 
@@ -36,7 +38,7 @@ class ApiClient:
         token: str,
         *,
         retry_seconds: float = 60,
-        stop: threading.Event | None = None,
+        stop: Stop | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import signal
-import threading
 from typing import Any
 
 from django.conf import settings
@@ -12,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from agents_app.embeddings import embed
 from agents_app.memory import run_embedder
+from task_queue.stop_signals import StopSignals
 
 
 class Command(BaseCommand):
@@ -29,13 +28,11 @@ class Command(BaseCommand):
             embed("check the embedder loads")
         except ValueError as error:
             raise CommandError(str(error)) from None
-        stop = threading.Event()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda *_: stop.set())
-        self.stdout.write(f"embedding agent events with {settings.AGENT_MEMORY_EMBEDDER!r}")
-        stats = run_embedder(
-            stop, batch=options["batch"], poll=options["poll"], once=options["once"]
-        )
+        with StopSignals() as stop:
+            self.stdout.write(f"embedding agent events with {settings.AGENT_MEMORY_EMBEDDER!r}")
+            stats = run_embedder(
+                stop, batch=options["batch"], poll=options["poll"], once=options["once"]
+            )
         self.stdout.write(
             f"embedder stopped: {stats.embedded} embedded, {stats.failed} failed, "
             f"{stats.refused} refused (lease lost)"

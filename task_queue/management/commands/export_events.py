@@ -1,8 +1,6 @@
 """``manage.py export_events [--since SEQ|--since-time T] [--follow] [--output FILE]``."""
 
-import signal
 import sys
-import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -11,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.dateparse import parse_datetime
 
 from task_queue.event_export import Exported, export, resume_position
+from task_queue.stop_signals import StopSignals
 
 
 class Command(BaseCommand):
@@ -45,18 +44,10 @@ class Command(BaseCommand):
         if options["poll"] <= 0:
             raise CommandError("--poll: must be more than 0")
         after = options["since"] or 0
-        stop = threading.Event()
-        run = {"since_time": since_time, "follow": options["follow"], "stop": stop}
-        run["poll_seconds"] = options["poll"]
-        handlers = {
-            signum: signal.signal(signum, lambda *_: stop.set())
-            for signum in (signal.SIGINT, signal.SIGTERM)
-        }
-        try:
+        with StopSignals() as stop:
+            run = {"since_time": since_time, "follow": options["follow"], "stop": stop}
+            run["poll_seconds"] = options["poll"]
             done = self._export(options["output"], after, run)
-        finally:
-            for signum, handler in handlers.items():
-                signal.signal(signum, handler)
         if done.pruned:
             first, last = done.pruned
             self.stderr.write(

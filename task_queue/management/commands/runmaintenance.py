@@ -10,8 +10,6 @@ time across the cluster, by advisory lock.
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 from typing import Any
 
 from django.conf import settings
@@ -19,6 +17,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError, close_old_connections
 
 from task_queue import maintenance
+from task_queue.stop_signals import StopSignals
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +38,10 @@ class Command(BaseCommand):
         parser.add_argument("--once", action="store_true", help="one pass, then exit")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        stop = threading.Event()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda *_: stop.set())
+        with StopSignals() as stop:
+            self._loop(stop, options)
+
+    def _loop(self, stop: StopSignals, options: dict[str, Any]) -> None:
         jobs = ", ".join(job.name for job in maintenance.registered())
         if options["once"]:
             self.stdout.write(f"one maintenance pass: {jobs}")

@@ -6,14 +6,13 @@ import json
 import logging
 import os
 import random
-import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from task_queue.stop_signals import StopSignals
 from workflows.orchestrator.client import TOKEN_VARIABLE, ApiClient, ApiError
 from workflows.orchestrator.definitions import Definition, DefinitionError, load_all
 from workflows.orchestrator.demo import demo_feed
@@ -69,9 +68,10 @@ class Command(BaseCommand):
             definitions = load_all(*options["definitions"])
         except (OSError, ValueError, DefinitionError) as error:
             raise CommandError(f"cannot load definitions: {error}") from None
-        stop = threading.Event()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda *_: stop.set())
+        with StopSignals() as stop:
+            self._run(options, definitions, stop)
+
+    def _run(self, options: dict[str, Any], definitions: dict, stop: StopSignals) -> None:
         orchestrator = Orchestrator(ApiClient(options["api"], options["token"], stop=stop))
         try:
             if name := options["start"]:
@@ -92,7 +92,7 @@ class Command(BaseCommand):
     def _loop(
         self,
         orchestrator: Orchestrator,
-        stop: threading.Event,
+        stop: StopSignals,
         poll: float,
         once: bool,
         demo: tuple[Definition, float] | None,
