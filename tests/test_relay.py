@@ -215,6 +215,47 @@ def test_nats_commands_become_tasks_once(relays, nats_namespace):
     assert "unknown agent 'Nobody'" in refused.headers["Refused"]
 
 
+def poison_commands() -> list[tuple[bytes, str]]:
+    """Bodies that once stopped the relay (issue 14, finding 1), each with what its
+    refusal says."""
+    huge_number = command("cmd-big", target_agent_type="EchoAgent", task_type="echo")
+    huge_number = huge_number.replace(b'"task_type": "echo"', b'"task_type": "echo", '
+                                      b'"delay_seconds": 1' + b"0" * 400)  # fmt: skip
+    return [
+        (b"[" * 100_000, "nested too deeply"),
+        (huge_number, "OverflowError"),
+        (b'{"kind": "cmd.task.execute.v1", "message_id": "\xff\xfe"}', "not UTF-8"),
+    ]
+
+
+@needs_nats
+def test_nats_poison_commands_go_to_the_dead_letters_and_the_relay_carries_on(
+    relays, nats_namespace
+):
+    poison = poison_commands()
+
+    async def send(js) -> None:
+        await js.add_stream(name=f"{nats_namespace}_GRNS_CMD", subjects=[f"{nats_namespace}.cmd.>"])
+        subject = f"{nats_namespace}.cmd.task.execute.v1"
+        for body, _ in poison:
+            await js.publish(subject, body)
+        good = command("cmd-1", target_agent_type="EchoAgent", task_type="echo", payload={"n": 7})
+        await js.publish(subject, good)
+
+    asyncio.run(_jetstream(send))
+    make_events(3)  # events to relay while the poison is refused
+    relay = relays(NATS_URL, nats_namespace, "--once", "--consume-commands")
+    assert relay.wait() == 0, relay.log()
+    assert "Traceback" not in relay.log()
+    check_commands_executed("cmd-1")
+    refused = nats_messages(nats_namespace, "GRNS_DLQ")
+    assert [m.data for m in refused] == [body[: 64 * 1024] for body, _ in poison]
+    for message, (_, reason) in zip(refused, poison, strict=True):
+        assert reason in message.headers["Refused"]
+    relayed = nats_messages(nats_namespace, "GRNS_EVT")
+    assert len(relayed) == OutboxEvent.objects.exclude(position=None).count()
+
+
 # ---------------------------------------------------------------- RabbitMQ
 
 
@@ -309,6 +350,38 @@ def test_rabbitmq_commands_become_tasks_once(relays, rabbitmq_namespace):
     check_commands_executed("cmd-1")
     [refused] = rabbitmq_messages(refused_queue)
     assert refused.body == b"not json" and "body: not JSON" in refused.headers["refused"]
+
+
+@needs_rabbitmq
+def test_rabbitmq_poison_commands_go_to_the_dead_letters_and_the_relay_carries_on(
+    relays, rabbitmq_namespace, settings
+):
+    import aio_pika
+
+    refused_queue = rabbitmq_queue(rabbitmq_namespace, "grns.dlq", "dlq.#")
+    setup = relays(AMQP_URL, rabbitmq_namespace, "--once", "--consume-commands")
+    assert setup.wait() == 0, setup.log()
+    # Many MiB: refused unread, its dead letter only the first 64 KiB.
+    oversized = b"x" * (settings.QUEUE_MAX_PAYLOAD_BYTES + 128 * 1024)
+    poison = [*poison_commands(), (oversized, "bytes, more than")]
+
+    async def send(channel) -> None:
+        exchange = await channel.get_exchange(f"{rabbitmq_namespace}.grns.cmd")
+        for body, _ in poison:
+            await exchange.publish(aio_pika.Message(body), routing_key="cmd.task.execute.v1")
+        good = command("cmd-1", target_agent_type="EchoAgent", task_type="echo", payload={"n": 7})
+        await exchange.publish(aio_pika.Message(good), routing_key="cmd.task.execute.v1")
+
+    asyncio.run(_rabbitmq(send))
+    relay = relays(AMQP_URL, rabbitmq_namespace, "--once", "--consume-commands")
+    assert relay.wait() == 0, relay.log()
+    assert "Traceback" not in relay.log()
+    check_commands_executed("cmd-1")
+    refused = rabbitmq_messages(refused_queue)
+    assert len(refused) == len(poison)
+    for message, (body, reason) in zip(refused, poison, strict=True):
+        assert message.body == body[: 64 * 1024]
+        assert reason in message.headers["refused"]
 
 
 def test_relay_refuses_a_bad_destination(relays):

@@ -21,6 +21,8 @@ import json
 import uuid
 from typing import Any
 
+from django.conf import settings
+
 from task_queue.operations import (
     MAX_KEY_LENGTH,
     Enqueued,
@@ -35,14 +37,41 @@ from task_queue.relay.names import COMMAND_KIND
 _OPTIONS = ("priority", "max_attempts", "delay_seconds")
 
 
+# Room for the envelope around a task payload of QUEUE_MAX_PAYLOAD_BYTES.
+ENVELOPE_BYTES = 64 * 1024
+# What a dead letter keeps of a refused body: enough to tell what it was, small
+# enough for any broker's message (NATS refuses more than 1 MiB by default).
+DEAD_LETTER_BODY_BYTES = 64 * 1024
+
+
 class InvalidCommand(ValueError):
     """A command that cannot become a task; the message names the field."""
 
 
+def max_command_bytes() -> int:
+    return settings.QUEUE_MAX_PAYLOAD_BYTES + ENVELOPE_BYTES
+
+
+def dead_letter_body(body: bytes) -> bytes:
+    """The part of a refused command's body its dead letter carries."""
+    return body[:DEAD_LETTER_BODY_BYTES]
+
+
 def execute_command(body: bytes) -> Enqueued:
-    """Create the command's task, or find the one an earlier delivery created."""
+    """Create the command's task, or find the one an earlier delivery created.
+
+    Whatever the body, the answer is a task or :class:`InvalidCommand`: a body over
+    ``max_command_bytes()`` is refused unread, and one that is not UTF-8, nests too
+    deeply for the parser, or holds a number no field can take is refused with why.
+    """
+    if len(body) > max_command_bytes():
+        raise InvalidCommand(f"body: {len(body)} bytes, more than {max_command_bytes()}")
     try:
-        envelope = json.loads(body)
+        envelope = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise InvalidCommand(f"body: not UTF-8 ({error})") from None
+    except RecursionError:
+        raise InvalidCommand("body: JSON nested too deeply") from None
     except ValueError as error:
         raise InvalidCommand(f"body: not JSON ({error})") from None
     if not isinstance(envelope, dict):
@@ -71,6 +100,8 @@ def execute_command(body: bytes) -> Enqueued:
         return enqueue_many([spec], prefix="payload", indexed=False)[0]
     except InvalidTask as error:
         raise InvalidCommand(str(error)) from None
+    except (OverflowError, RecursionError) as error:  # a number or nesting out of range
+        raise InvalidCommand(f"payload: {type(error).__name__}: {error}") from None
     except IdempotencyConflict:
         raise InvalidCommand(
             f"message_id: {message_id!r} was already executed with different content"

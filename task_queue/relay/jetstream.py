@@ -13,6 +13,7 @@ from nats.js.api import StreamConfig
 from nats.js.errors import NotFoundError
 
 from task_queue.event_stream import Envelope
+from task_queue.relay.commands import dead_letter_body
 from task_queue.relay.names import COMMAND_KIND, Names, subject_for
 
 # JetStream drops a message whose Nats-Msg-Id it stored within this window, so a
@@ -100,7 +101,7 @@ class JetStreamBridge:
                 if refused is not None:
                     await self.js.publish(
                         self.names.subject("dlq." + COMMAND_KIND),
-                        message.data,
+                        dead_letter_body(message.data),
                         headers={"Refused": refused[:1000]},
                     )
                 await message.ack()

@@ -21,7 +21,8 @@ from asgiref.sync import sync_to_async
 
 from task_queue import event_stream
 from task_queue.event_stream import Envelope
-from task_queue.relay.commands import InvalidCommand, execute_command
+from task_queue.relay.commands import DEAD_LETTER_BODY_BYTES, InvalidCommand, execute_command
+from task_queue.retry import CONNECTION_ERRORS
 from task_queue.sql import outbox
 
 logger = logging.getLogger(__name__)
@@ -187,12 +188,25 @@ class Relay:
                     await commands
 
     async def _execute(self, body: bytes) -> str | None:
+        """The command's task, or why it was refused (it then goes to the dead-letter
+        subject, and is acknowledged either way: a poison command is never redelivered
+        to stop the relay again). Only a lost database connection is not the
+        command's fault: that raises, and the relay reconnects and gets it again."""
         try:
             task = await _db(execute_command)(body)
-        except InvalidCommand as error:
+        except CONNECTION_ERRORS:
+            raise
+        except Exception as error:
+            reason = (
+                str(error)
+                if isinstance(error, InvalidCommand)
+                else (f"{type(error).__name__}: {error}")
+            )
+            if len(body) > DEAD_LETTER_BODY_BYTES:
+                reason += f" (the dead letter keeps the first {DEAD_LETTER_BODY_BYTES} bytes)"
             self.stats.refused += 1
-            logger.warning("command refused: %s", error)
-            return str(error)
+            logger.warning("command refused: %s", reason[:1000])
+            return reason
         self.stats.commands += 1
         logger.info("command: task %s %s", task.id, "created" if task.created else "exists")
         return None

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import aio_pika
 
 from task_queue.event_stream import Envelope
+from task_queue.relay.commands import dead_letter_body
 from task_queue.relay.names import COMMAND_KIND, Names, subject_for
 
 PREFETCH = 8
@@ -93,7 +94,7 @@ class RabbitMQBridge:
         if refused is not None:
             await self.dead_letters.publish(
                 aio_pika.Message(
-                    message.body,
+                    dead_letter_body(message.body),
                     headers={"refused": refused[:1000]},
                     delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
                 ),
