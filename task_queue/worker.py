@@ -58,6 +58,10 @@ class WorkerConfig:
     max_tasks: int | None = None
 
 
+class MonitorFailed(RuntimeError):
+    """The worker stopped because its monitor thread failed (the reason is chained)."""
+
+
 @dataclass
 class WorkerReport:
     claimed: int
@@ -79,6 +83,7 @@ class Worker:
         self.inflight: dict[UUID, InFlight] = {}
         self.claimed = 0
         self.released = 0
+        self.monitor_failure: Exception | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -111,6 +116,8 @@ class Worker:
             self._fetch_loop()
         finally:
             self._shutdown(monitor)
+        if self.monitor_failure is not None:
+            raise MonitorFailed(repr(self.monitor_failure)) from self.monitor_failure
         return WorkerReport(self.claimed, self._writer.written, self._writer.refused, self.released)
 
     def request_stop(self) -> None:
@@ -218,19 +225,29 @@ class Worker:
     # ------------------------------------------------------------ monitoring
 
     def _monitor_loop(self) -> None:
+        """Heartbeats, timeouts and the reaper. Should anything unexpected stop this
+        thread, the leases it extends would expire under tasks still running and the
+        fetch loop would go on claiming more: so the worker stops instead, giving its
+        tasks back, and ``run`` raises :class:`MonitorFailed`."""
         heartbeat_every = self.config.lease_seconds / 3
         next_heartbeat = time.monotonic() + heartbeat_every
         next_reap = time.monotonic()
-        while not self._monitor_stop.wait(MONITOR_TICK_SECONDS):
-            now = time.monotonic()
-            self._fail_timed_out(now)
-            if now >= next_heartbeat:
-                self._heartbeat()
-                next_heartbeat = now + heartbeat_every
-            if now >= next_reap:
-                self._reap()
-                next_reap = now + self.config.reaper_seconds
-        connection.close()
+        try:
+            while not self._monitor_stop.wait(MONITOR_TICK_SECONDS):
+                now = time.monotonic()
+                self._fail_timed_out(now)
+                if now >= next_heartbeat:
+                    self._heartbeat()
+                    next_heartbeat = now + heartbeat_every
+                if now >= next_reap:
+                    self._reap()
+                    next_reap = now + self.config.reaper_seconds
+        except Exception as error:
+            logger.exception("the monitor failed; stopping the worker, giving its tasks back")
+            self.monitor_failure = error
+            self.request_stop()
+        finally:
+            connection.close()
 
     def _held_flights(self) -> list[InFlight]:
         with self._lock:

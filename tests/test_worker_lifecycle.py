@@ -11,7 +11,8 @@ from django.db import transaction
 
 from task_queue import operations
 from task_queue.models import Task, TaskHistory, TaskStatus
-from task_queue.worker import Worker, WorkerConfig
+from task_queue.models import Worker as WorkerRow
+from task_queue.worker import MonitorFailed, Worker, WorkerConfig
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -252,3 +253,24 @@ def test_a_handler_past_its_timeout_fails_the_attempt_and_is_stopped():
     assert task.error_info["message"] == "handler ran longer than 1 s"
     assert report.written == 1 and report.refused == 0
     assert task.finished_at - task.started_at >= timedelta(seconds=1)
+
+
+def test_a_monitor_that_fails_stops_the_worker_and_gives_its_tasks_back(monkeypatch):
+    """Issue 14, finding 7: a dead monitor must not leave the fetch loop claiming tasks
+    whose leases then expire, burning their attempts."""
+    task_id = operations.enqueue("Slow", "slow", {"seconds": 60}).id
+    reap = Worker._reap
+
+    def failing_reap(self) -> None:
+        if self.inflight:  # a task is held: now fail, as a bug would
+            raise RuntimeError("injected monitor failure")
+        reap(self)
+
+    monkeypatch.setattr(Worker, "_reap", failing_reap)
+    worker = Worker(WorkerConfig(agents=["Slow"], grace_seconds=0, reaper_seconds=0.05))
+    with pytest.raises(MonitorFailed, match="injected monitor failure"):
+        worker.run()
+    task = Task.objects.get(id=task_id)
+    assert (task.status, task.attempts, task.lease_owner) == (TaskStatus.PENDING, 0, None)
+    assert events(task_id) == ["released"]
+    assert not WorkerRow.objects.filter(worker_id=worker.id).exists()

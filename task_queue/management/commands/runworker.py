@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from task_queue import registry
-from task_queue.worker import Worker, WorkerConfig
+from task_queue.worker import MonitorFailed, Worker, WorkerConfig
 
 logger = logging.getLogger("task_queue.worker")
 
@@ -90,6 +90,10 @@ class Command(BaseCommand):
         restore_signals = self._install_signal_handlers(worker)
         try:
             report = worker.run()
+        except MonitorFailed as error:
+            raise CommandError(
+                f"worker {worker.id} stopped: its monitor failed ({error})"
+            ) from None
         finally:
             restore_signals()
         logger.info(
