@@ -55,7 +55,9 @@ WITH target AS (
     SELECT id, status, attempts FROM tasks
     WHERE id = ANY(%(ids)s::uuid[])
       AND status IN ('pending', 'leased', 'running', 'dead', 'failed')
-      AND cancel_requested_at IS NULL
+      -- A running task whose cancel was requested waits for its worker; any other
+      -- that carries the flag (from before requests always ended a task) is cancelled.
+      AND (cancel_requested_at IS NULL OR status <> 'running')
     FOR UPDATE
 ),
 cancelled AS (

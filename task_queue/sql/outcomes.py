@@ -96,10 +96,13 @@ due AS (
 failed AS (
     UPDATE tasks t
     SET attempts = t.attempts + 1,
-        status = CASE WHEN NOT held.retryable THEN 'failed'
+        -- A task whose cancel was requested ends cancelled, whatever its attempt did.
+        status = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                      WHEN NOT held.retryable THEN 'failed'
                       WHEN t.attempts + 1 >= t.max_attempts THEN 'dead'
                       ELSE 'pending' END,
         available_at = CASE WHEN held.retryable AND t.attempts + 1 < t.max_attempts
+                                 AND t.cancel_requested_at IS NULL
                             THEN {NOW} + {backoff("t.attempts + 1", "held.base_delay")}
                             ELSE t.available_at END,
         error_info = held.error || jsonb_build_object(
@@ -185,25 +188,30 @@ WITH target AS (
 ),
 released AS (
     UPDATE tasks t
-    SET status = 'pending', available_at = {NOW}, updated_at = {NOW},
-        {TASK_LEASE.clear()}
+    -- A task whose cancel was requested is not given back: it ends cancelled.
+    SET status = CASE WHEN t.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
+        available_at = {NOW},
+        finished_at = CASE WHEN t.cancel_requested_at IS NULL THEN t.finished_at ELSE {NOW} END,
+        updated_at = {NOW}, {TASK_LEASE.clear()}
     FROM target
     WHERE t.id = target.id
-    RETURNING t.id, t.agent_name, t.attempts, t.started_at, target.status, target.lease_token
+    RETURNING t.id, t.agent_name, t.attempts, t.started_at, target.status AS from_status,
+              t.status AS to_status, target.lease_token
 ),
 history AS (
     INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
                               lease_token, started_at, occurred_at)
-    SELECT id, 'released', status, 'pending', attempts + 1, %(owner)s, lease_token,
-           started_at, {NOW}
+    SELECT id, CASE to_status WHEN 'pending' THEN 'released' ELSE 'cancelled' END,
+           from_status, to_status, attempts + 1, %(owner)s, lease_token, started_at, {NOW}
     FROM released
 )
-SELECT id, agent_name FROM released
+SELECT id, agent_name FROM released WHERE to_status = 'pending'
 """
 
 
 def release_tasks(
     *, owner: str, held: Sequence[tuple[UUID, UUID]], now: datetime | None
 ) -> list[tuple[UUID, str]]:
-    """Give held tasks back as pending and due now, without counting an attempt."""
+    """Give held tasks back as pending and due now, without counting an attempt (one
+    whose cancel was requested ends cancelled); (id, agent) of those given back."""
     return fetch(RELEASE_TASKS, held_params(owner, held, now))

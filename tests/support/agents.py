@@ -92,3 +92,25 @@ class PayloadDigestAgent(Agent):
 
         text = json.dumps(task.payload, sort_keys=True)
         return {"sha256": hashlib.sha256(text.encode()).hexdigest(), "chars": len(text)}
+
+
+@register
+class OnCueAgent(Agent):
+    """Runs until the file its payload names exists, then fails retryably (or, with
+    ``"block": true``, keeps running): what a handler does between a cancel request
+    and its worker's next heartbeat is up to the test (tests/test_cancel_races.py)."""
+
+    name = "OnCue"
+    task_types = ("cue",)
+    max_attempts = 5
+
+    def handle(self, task: TaskContext) -> dict[str, Any]:
+        import os
+        import time
+
+        deadline = time.monotonic() + 60
+        while not os.path.exists(task.payload["cue"]) and time.monotonic() < deadline:
+            time.sleep(0.01)  # not task.sleep: the cancel must not reach the handler first
+        if task.payload.get("block"):
+            time.sleep(60)
+        raise RuntimeError("failed after its cancel was requested")
