@@ -336,3 +336,39 @@ def test_an_invalid_filter_matches_nothing_and_acts_on_nothing():
     admin = Client()
     admin.force_login(User.objects.create_superuser("root", "", "pw"))
     assert admin.get("/admin/queue/task/", {"priority": "x"}).status_code in (200, 302)
+
+
+def test_a_deeply_nested_payload_in_the_edit_form_is_refused_not_a_500():
+    """Issue 14, finding 12."""
+    task_id = dead_task()
+    response = staff(*OPERATOR).post(f"/tasks/{task_id}/edit/", {"payload": "[" * 100_000})
+    assert response.status_code == 422 and b"nested too deeply" in response.content
+    assert Task.objects.get(id=task_id).status == TaskStatus.FAILED
+
+
+def test_a_bad_request_quotes_its_input_as_plain_text():
+    response = staff(*OPERATOR).post("/agents/<b>Nobody/pause/")
+    assert response.status_code == 400
+    assert response["Content-Type"].startswith("text/plain")
+
+
+def test_revive_all_matching_changes_the_tasks_a_chunk_per_statement(monkeypatch):
+    """A filter may match any number of tasks: each statement takes a chunk of them."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from task_queue.sql import operator
+
+    monkeypatch.setattr(operator, "CHUNK", 3)
+    marked = make_failed([{"supplier": "acme", "i": i} for i in range(8)])
+    client = staff(*OPERATOR)
+    confirmed = confirmation(client.get("/dead-letter/confirm/", {"action": "revive", "q": "acme"}))
+    with CaptureQueriesContext(connection) as queries:
+        response = client.post(
+            "/dead-letter/act/", {"action": "revive", "scope": "all", "q": "acme", **confirmed}
+        )
+    assert "Revived 8 task(s)." in response.content.decode()
+    assert set(Task.objects.filter(status="pending").values_list("id", flat=True)) == set(marked)
+    revives = [q for q in queries.captured_queries if "revived AS (" in q["sql"]]
+    assert len(revives) == 3  # 3 + 3 + 2
+    assert len(OperatorAction.objects.get().task_ids) == 8  # one audit row for the action

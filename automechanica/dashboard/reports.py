@@ -98,7 +98,9 @@ def run_daily_report(request: HttpRequest) -> HttpResponse:
         raise PermissionDenied(f"running the report needs the {RUN_PERMISSION} permission")
     day = _valid_day(request.POST.get("day", ""))
     if day is None:
-        return HttpResponse("day: a date as YYYY-MM-DD", status=400)
+        return HttpResponse(
+            "day: a date as YYYY-MM-DD", status=400, content_type="text/plain; charset=utf-8"
+        )
     task = operations.enqueue("AnalyticsAgent", "daily_report", {"day": day.isoformat()})
     messages.success(request, f"Asked the AnalyticsAgent for this report (task {task.id}).")
     return redirect("dashboard:daily_report", day=day.isoformat())

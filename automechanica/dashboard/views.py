@@ -69,7 +69,7 @@ def pause_or_resume(request: HttpRequest, agent_name: str, action: str) -> HttpR
     """Pause or resume an agent's queue; answers with the refreshed overview fragment."""
     _require(request, action)
     if agent_name not in registry.names():
-        return HttpResponseBadRequest(f"unknown agent {agent_name!r}")
+        return _bad_request(f"unknown agent {agent_name!r}")
     change = operations.pause_agent if action == "pause" else operations.resume_agent
     change(agent_name, actor=user_actor(request.user), source="dashboard")
     return HttpResponse(fragments.render_overview(take_snapshot(), can_pause=True))
@@ -134,7 +134,7 @@ def dead_letter_confirm(request: HttpRequest) -> HttpResponse:
     """
     action = request.GET.get("action")
     if action not in ("revive", "cancel"):
-        return HttpResponseBadRequest("action must be revive or cancel")
+        return _bad_request("action must be revive or cancel")
     _require(request, action)
     form = DeadLetterFilter(request.GET)
     confirmed_at = db.database_clock()
@@ -159,16 +159,16 @@ def dead_letter_act(request: HttpRequest) -> HttpResponse:
     ``confirmed_count``); answers with the refreshed results."""
     action = request.POST.get("action")
     if action not in ("revive", "cancel"):
-        return HttpResponseBadRequest("action must be revive or cancel")
+        return _bad_request("action must be revive or cancel")
     _require(request, action)
     form = DeadLetterFilter(request.POST)
     if not form.is_valid():
-        return HttpResponseBadRequest(f"invalid filter: {form.errors.as_text()}")
+        return _bad_request(f"invalid filter: {form.errors.as_text()}")
     matched_filter = None
     if request.POST.get("scope") == "all":
         confirmed_at, confirmed_count = _confirmation(request.POST)
         if confirmed_at is None or confirmed_count is None:
-            return HttpResponseBadRequest(
+            return _bad_request(
                 "confirmed_at, confirmed_count: the confirmation's time and count are required"
             )
         ids = list(_dead_by(form, confirmed_at).values_list("id", flat=True))
@@ -180,7 +180,7 @@ def dead_letter_act(request: HttpRequest) -> HttpResponse:
         try:
             ids = [UUID(value) for value in request.POST.getlist("ids")]
         except ValueError:
-            return HttpResponseBadRequest("ids must be task ids")
+            return _bad_request("ids must be task ids")
     common = {
         "actor": user_actor(request.user),
         "source": "dashboard",
@@ -273,6 +273,8 @@ def task_edit(request: HttpRequest, task_id: UUID) -> HttpResponse:
                 raise ValueError("the task is no longer dead or failed")
         except json.JSONDecodeError as bad:
             error = f"Not valid JSON: {bad.msg} (line {bad.lineno}, column {bad.colno})"
+        except RecursionError:
+            error = "The payload is nested too deeply."
         except (operations.InvalidTask, operations.TaskNotPending, ValueError) as bad:
             error = getattr(bad, "message", None) or str(bad)
         else:
@@ -315,3 +317,9 @@ def workflow_detail(request: HttpRequest, workflow_id: UUID) -> HttpResponse:
 def audit(request: HttpRequest) -> HttpResponse:
     page = Paginator(OperatorAction.objects.all(), PAGE_SIZE).get_page(request.GET.get("page"))
     return render(request, "dashboard/audit.html", {"page": page})
+
+
+def _bad_request(reason: str) -> HttpResponseBadRequest:
+    """A 400 that states its reason as plain text: it may quote what the client sent,
+    which must not be read as HTML."""
+    return HttpResponseBadRequest(reason, content_type="text/plain; charset=utf-8")

@@ -9,6 +9,10 @@ from uuid import UUID
 from task_queue.sql.db import NOW, fetch
 from task_queue.sql.leasing import TASK_LEASE
 
+# Ids per statement in a bulk action (a filter may match any number of tasks): each
+# statement locks and changes at most this many rows, in the caller's transaction.
+CHUNK = 1000
+
 REVIVE_TASKS = f"""
 WITH target AS (
     SELECT id, status FROM tasks
@@ -46,8 +50,8 @@ def revive_tasks(
 ) -> list[tuple[UUID, str]]:
     """Dead or failed → pending, due now, with a fresh attempt budget; (id, agent) each.
     A new ``payload`` (JSON text) replaces the old with its ``payload_ref``."""
-    params = {"ids": list(ids), "actor": actor, "payload": payload, "payload_ref": payload_ref}
-    return fetch(REVIVE_TASKS, {**params, "now": now})
+    params = {"actor": actor, "payload": payload, "payload_ref": payload_ref, "now": now}
+    return [row for chunk in _chunks(ids) for row in fetch(REVIVE_TASKS, {**params, "ids": chunk})]
 
 
 CANCEL_TASKS = f"""
@@ -95,7 +99,13 @@ def cancel_tasks(
 ) -> list[tuple[UUID, str]]:
     """Pending, leased, dead or failed → cancelled now; running → cancel requested.
     (id, event) each."""
-    return fetch(CANCEL_TASKS, {"ids": list(ids), "actor": actor, "now": now})
+    params = {"actor": actor, "now": now}
+    return [row for chunk in _chunks(ids) for row in fetch(CANCEL_TASKS, {**params, "ids": chunk})]
+
+
+def _chunks(ids: Sequence[UUID]) -> list[list[UUID]]:
+    ids = list(ids)
+    return [ids[start : start + CHUNK] for start in range(0, len(ids), CHUNK)]
 
 
 UPDATE_PENDING_TASK = f"""

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 from uuid import UUID
 
-from django.db import transaction
 from django.http import HttpRequest
 from ninja import Body, Query, Router, Status
 from pydantic import Field
@@ -43,8 +42,6 @@ TASK_LINKS = {
 }
 
 Limit = Annotated[int, Field(ge=1, le=MAX_PAGE_SIZE)]
-# How many tasks one statement revives at a time in a bulk revive.
-REVIVE_CHUNK = 1000
 
 
 def _spec(task: TaskCreate) -> operations.TaskSpec:
@@ -120,21 +117,15 @@ def revive_many(request: HttpRequest, body: BulkReviveRequest):
     else:
         revivable = Task.objects.filter(status__in=REVIVABLE_STATUSES)
         ids = list(filter_tasks(revivable, body.filters).values_list("id", flat=True))
-    revived = 0
-    with transaction.atomic():
-        for start in range(0, len(ids), REVIVE_CHUNK):
-            chunk = ids[start : start + REVIVE_CHUNK]
-            revived += len(
-                operations.revive(
-                    chunk,
-                    actor=request.auth.actor,
-                    source="api",
-                    matched_filter=body.filters.model_dump(mode="json", exclude_none=True)
-                    if body.filters
-                    else None,
-                )
-            )
-    return {"revived": revived}
+    revived = operations.revive(
+        ids,
+        actor=request.auth.actor,
+        source="api",
+        matched_filter=body.filters.model_dump(mode="json", exclude_none=True)
+        if body.filters
+        else None,
+    )
+    return {"revived": len(revived)}
 
 
 @router.get("/tasks/{task_id}", auth=READ, response={200: TaskDetailOut, **ERROR_RESPONSES})
