@@ -10,6 +10,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from automechanica.private_files import create_private_file
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("AUTOMECHANICA_VAR_DIR", BASE_DIR / "var"))
 
@@ -24,9 +26,8 @@ def _secret_key() -> str:
         return key
     path = VAR_DIR / "secret_key"
     if not path.exists():
-        VAR_DIR.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
+        # Processes starting at once (up starts many) agree on the first one written.
+        create_private_file(path, secrets.token_urlsafe(50))
     return path.read_text().strip()
 
 

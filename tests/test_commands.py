@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 from datetime import timedelta
 from io import StringIO
+from pathlib import Path
 
 import psutil
 import pytest
@@ -176,11 +177,14 @@ def test_up_serves_the_api_and_stops_everything_on_ctrl_c(transactional_db, tmp_
         orchestrator = next(c for c in children if "runorchestrator" in c.cmdline())
         assert "--token" not in orchestrator.cmdline()
         wait_for(lambda: Workflow.objects.exists(), timeout=60, what="a demo workflow")
-        # The first run made an admin user and printed its password, this once.
+        # The first run made an admin user; not on a terminal, its password went to a
+        # file only its owner can read, never to the log.
         admin = User.objects.get(is_superuser=True)
         printed = (tmp_path / "up.log").read_text()
-        password = printed.split("created the admin user: admin / ")[1].split()[0]
+        path = Path(printed.split("its password is in ")[1].split()[0])
+        password = path.read_text().strip()
         assert admin.username == "admin" and admin.check_password(password)
+        assert password not in printed and path.stat().st_mode & 0o777 == 0o600
         # No access log by default (up --access-log FILE asks for one).
         assert '"GET /api/v1/tasks' not in printed
         up.send_signal(signal.SIGINT)

@@ -23,7 +23,7 @@ import pytest
 from task_queue import operations
 from task_queue.models import EventRelayCursor, OutboxEvent, Task
 from task_queue.relay.names import destination_key
-from tests.support.processes import ManageProcess
+from tests.support.processes import ManageProcess, manage_env, run_manage
 from tests.support.queue import complete_pending
 from tests.support.server import free_port
 from tests.support.waiting import wait_for
@@ -244,6 +244,7 @@ def test_nats_poison_commands_go_to_the_dead_letters_and_the_relay_carries_on(
 
     asyncio.run(_jetstream(send))
     make_events(3)  # events to relay while the poison is refused
+    before = set(OutboxEvent.objects.values_list("message_id", flat=True))
     relay = relays(NATS_URL, nats_namespace, "--once", "--consume-commands")
     assert relay.wait() == 0, relay.log()
     assert "Traceback" not in relay.log()
@@ -252,8 +253,11 @@ def test_nats_poison_commands_go_to_the_dead_letters_and_the_relay_carries_on(
     assert [m.data for m in refused] == [body[: 64 * 1024] for body, _ in poison]
     for message, (_, reason) in zip(refused, poison, strict=True):
         assert reason in message.headers["Refused"]
-    relayed = nats_messages(nats_namespace, "GRNS_EVT")
-    assert len(relayed) == OutboxEvent.objects.exclude(position=None).count()
+    # Every event written before the relay started was relayed despite the poison.
+    relayed = {uuid.UUID(json.loads(m.data)["message_id"]) for m in nats_messages(
+        nats_namespace, "GRNS_EVT"
+    )}  # fmt: skip
+    assert before and before <= relayed
 
 
 # ---------------------------------------------------------------- RabbitMQ
@@ -466,3 +470,21 @@ def test_one_relay_per_destination(relays, nats_namespace):
     )
     running.signal(signal.SIGTERM)
     assert running.wait() == 0
+
+
+@needs_nats
+def test_the_destination_can_come_from_the_environment_not_the_command_line(nats_namespace):
+    """Issue 14, finding 9: a broker URL may carry a password, which ps would show."""
+    env = manage_env() | {"AUTOMECHANICA_RELAY_TO": NATS_URL}
+    done = run_manage("relay_events", "--once", "--namespace", nats_namespace, env=env)
+    assert done.returncode == 0, done.stderr
+    key = destination_key(NATS_URL, nats_namespace)
+    assert EventRelayCursor.objects.filter(destination=key).exists()
+
+
+def test_relay_without_a_destination_says_how_to_give_one():
+    done = run_manage("relay_events", "--once")
+    assert done.returncode == 1
+    assert done.stderr.strip().endswith(
+        "a destination is needed: --to URL or $AUTOMECHANICA_RELAY_TO"
+    )

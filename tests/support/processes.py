@@ -33,13 +33,16 @@ def manage_env() -> dict[str, str]:
     }
 
 
-def run_manage(*args: str, timeout: float = 120, **options: Any) -> subprocess.CompletedProcess:
-    """Run ``manage.py ARGS`` on the test database to its end; its output is captured
-    as text unless ``options`` say otherwise (they go to :func:`subprocess.run`)."""
+def run_manage(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None, **options: Any
+) -> subprocess.CompletedProcess:
+    """Run ``manage.py ARGS`` on the test database (in ``env``, by default
+    :func:`manage_env`) to its end; its output is captured as text unless ``options``
+    say otherwise (they go to :func:`subprocess.run`)."""
     return subprocess.run(
         [sys.executable, "manage.py", *args],
         cwd=REPO,
-        env=manage_env(),
+        env=env or manage_env(),
         timeout=timeout,
         **{"capture_output": True, "text": True, **options},
     )

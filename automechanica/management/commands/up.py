@@ -1,7 +1,8 @@
 """``manage.py up [--demo] [--port 8000] [--access-log FILE]``: run the product on one machine.
 
 Applies migrations (starting the embedded database when ``DATABASE_URL`` is unset),
-creates an admin user on the first run (printing its generated password once), then
+creates an admin user on the first run (printing its generated password once on a
+terminal, or else writing it to ``var/admin-password``, readable by its owner only), then
 runs the web server (daphne: dashboard, admin, API, WebSockets), one ``runworker``
 process per agent, the maintenance loop and the embedding worker, and supervises
 them: a process that dies is reported and the others are stopped. ``--demo`` adds
@@ -26,10 +27,12 @@ from django.utils import timezone
 
 from automechanica.api.models import ApiToken
 from automechanica.api.tokens import create_token
+from automechanica.private_files import replace_private_file
 from task_queue import registry
 from workflows.orchestrator.client import TOKEN_VARIABLE
 
 DEMO_TOKEN_NAME = "demo orchestrator"
+ADMIN_PASSWORD_FILE = "admin-password"
 
 
 class Command(BaseCommand):
@@ -130,10 +133,21 @@ class Command(BaseCommand):
             return
         password = secrets.token_urlsafe(12)
         users.objects.create_superuser("admin", "", password)
+        if self.stdout.isatty():
+            self.stdout.write(
+                self.style.SUCCESS(
+                    f"created the admin user: admin / {password}\n"
+                    "  (shown this once; change it in the admin or with `manage.py changepassword`)"
+                )
+            )
+            return
+        # Not a terminal (a container's log, a file): the password goes to a file only
+        # its owner can read, and the output names the file.
+        path = replace_private_file(settings.VAR_DIR / ADMIN_PASSWORD_FILE, password + "\n")
         self.stdout.write(
             self.style.SUCCESS(
-                f"created the admin user: admin / {password}\n"
-                "  (shown this once; change it in the admin or with `manage.py changepassword`)"
+                f"created the admin user: admin; its password is in {path} (readable by you "
+                "only; change it in the admin or with `manage.py changepassword`)"
             )
         )
 

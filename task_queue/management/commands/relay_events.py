@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import os
 import re
 import signal
 from typing import Any
@@ -24,6 +25,10 @@ BRIDGES = {
 }
 
 
+# The destination, from the environment: a broker URL may carry a password.
+DESTINATION_VARIABLE = "AUTOMECHANICA_RELAY_TO"
+
+
 class Command(BaseCommand):
     help = (
         "Publish the event stream to NATS JetStream or RabbitMQ in order, with publisher "
@@ -33,7 +38,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--to", required=True, metavar="URL", help="nats://HOST:PORT or amqp://USER:PASS@HOST/"
+            "--to",
+            default=os.environ.get(DESTINATION_VARIABLE),
+            metavar="URL",
+            help="nats://HOST:PORT or amqp://USER:PASS@HOST/ (or $AUTOMECHANICA_RELAY_TO, "
+            "which keeps a password out of the command line that ps shows)",
         )
         parser.add_argument("--once", action="store_true", help="relay what is pending, then exit")
         parser.add_argument(
@@ -61,6 +70,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         url = options["to"]
+        if not url:
+            raise CommandError(f"a destination is needed: --to URL or ${DESTINATION_VARIABLE}")
         scheme = urlsplit(url).scheme
         if scheme not in BRIDGES:
             raise CommandError(f"--to: expected nats://… or amqp://…, got {url!r}")
