@@ -32,9 +32,23 @@ def create_private_file(path: Path, text: str) -> bool:
         return True
     except FileExistsError:
         return False
+    except OSError:  # a filesystem without hard links: create the name exclusively
+        return _create_exclusively(path, text)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
+
+
+def _create_exclusively(path: Path, text: str) -> bool:
+    try:
+        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(handle, "w") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    return True
 
 
 def replace_private_file(path: Path, text: str) -> Path:

@@ -29,18 +29,27 @@ class Stop(Protocol):
 
 class StopSignals:
     """A stop request made by SIGINT/SIGTERM (or :meth:`set`), usable where a
-    ``threading.Event`` is waited on: ``is_set()`` and ``wait(timeout)``."""
+    ``threading.Event`` is waited on: ``is_set()`` and ``wait(timeout)``. Use it in a
+    ``with`` block in the main thread; leaving the block puts the previous handlers
+    back (a signal after that is the process's default: it is leaving anyway)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
-        self._read, self._write = os.pipe()
-        os.set_blocking(self._read, False)
-        os.set_blocking(self._write, False)
+        self._read = self._write = -1
         self._previous: dict[int, object] = {}
+        self._stopped = False
 
     def __enter__(self) -> StopSignals:
-        self._previous = {signum: signal.signal(signum, self._on_signal) for signum in self.SIGNALS}
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        try:
+            self._previous = {
+                signum: signal.signal(signum, self._on_signal) for signum in self.SIGNALS
+            }
+        except ValueError:  # not the main thread
+            self._close()
+            raise
         return self
 
     def __exit__(
@@ -49,20 +58,24 @@ class StopSignals:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if self.is_set():
-            # Stopping on a signal: a second one, which often comes right behind the
-            # first (a wrapper and its child both get it), must not kill the process
-            # on its way out, so the handler stays until the process ends.
-            return
+        self._stopped = self.is_set()
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
-        os.close(self._write)
-        os.close(self._read)
+        self._close()
+
+    def _close(self) -> None:
+        for fd in (self._read, self._write):
+            if fd >= 0:
+                os.close(fd)
+        self._read = self._write = -1
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.set()
 
     def set(self) -> None:
+        if self._write < 0:
+            self._stopped = True
+            return
         with contextlib.suppress(BlockingIOError):  # the pipe is full of requests already
             os.write(self._write, b"\0")
 
@@ -72,5 +85,8 @@ class StopSignals:
     def wait(self, timeout: float | None = None) -> bool:
         """True once a stop was requested, waiting up to ``timeout`` seconds for one.
         The byte stays in the pipe, so every later call answers True at once."""
-        readable, _, _ = select.select([self._read], [], [], timeout)
-        return bool(readable)
+        if self._read < 0:  # outside the block: what was known when it ended
+            return self._stopped
+        poller = select.poll()
+        poller.register(self._read, select.POLLIN)
+        return bool(poller.poll(None if timeout is None else max(timeout, 0) * 1000))

@@ -298,7 +298,9 @@ class Worker:
     def _shutdown(self, monitor: threading.Thread) -> None:
         """Let in-flight tasks finish within the grace period, then give back the rest."""
         self._stopping.set()
-        deadline = time.monotonic() + self.config.grace_seconds
+        # Without its monitor nothing extends the leases: no grace, give the tasks back.
+        grace = 0.0 if self.monitor_failure is not None else self.config.grace_seconds
+        deadline = time.monotonic() + grace
         while self.inflight and (remaining := deadline - time.monotonic()) > 0:
             self._wake.clear()
             if self.inflight:

@@ -67,7 +67,7 @@ def execute_command(body: bytes) -> Enqueued:
     if len(body) > max_command_bytes():
         raise InvalidCommand(f"body: {len(body)} bytes, more than {max_command_bytes()}")
     try:
-        envelope = json.loads(body.decode("utf-8"))
+        envelope = json.loads(body.decode("utf-8-sig"))
     except UnicodeDecodeError as error:
         raise InvalidCommand(f"body: not UTF-8 ({error})") from None
     except RecursionError:

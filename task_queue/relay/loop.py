@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from asgiref.sync import sync_to_async
+from django.db import DataError, IntegrityError
 
 from task_queue import event_stream
 from task_queue.event_stream import Envelope
 from task_queue.relay.commands import DEAD_LETTER_BODY_BYTES, InvalidCommand, execute_command
-from task_queue.retry import CONNECTION_ERRORS
 from task_queue.sql import outbox
 
 logger = logging.getLogger(__name__)
@@ -30,6 +30,19 @@ logger = logging.getLogger(__name__)
 RECONNECT_FIRST_SECONDS = 0.5
 RECONNECT_MAX_SECONDS = 5.0
 PROGRESS_EVERY_SECONDS = 10.0
+
+
+# What a command's own content can raise on its way to a task: refused, not retried.
+POISON = (
+    InvalidCommand,
+    ValueError,
+    TypeError,
+    OverflowError,
+    RecursionError,
+    MemoryError,
+    DataError,
+    IntegrityError,
+)
 
 
 class Bridge(Protocol):
@@ -190,13 +203,14 @@ class Relay:
     async def _execute(self, body: bytes) -> str | None:
         """The command's task, or why it was refused (it then goes to the dead-letter
         subject, and is acknowledged either way: a poison command is never redelivered
-        to stop the relay again). Only a lost database connection is not the
-        command's fault: that raises, and the relay reconnects and gets it again."""
+        to stop the relay again). A command is refused for what is wrong with it: its
+        body, its fields, or data the database will not store. Any other database error
+        (lost connection, read-only standby, a schema not migrated yet) is not the
+        command's fault: it raises, the command stays unacknowledged, and the relay
+        stops for its supervisor to restart it."""
         try:
             task = await _db(execute_command)(body)
-        except CONNECTION_ERRORS:
-            raise
-        except Exception as error:
+        except POISON as error:
             reason = (
                 str(error)
                 if isinstance(error, InvalidCommand)

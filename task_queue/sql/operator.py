@@ -104,7 +104,9 @@ def cancel_tasks(
 
 
 def _chunks(ids: Sequence[UUID]) -> list[list[UUID]]:
-    ids = list(ids)
+    """Sorted, so that concurrent bulk actions lock the rows they share in one order
+    (as a single statement's index scan would) and cannot deadlock."""
+    ids = sorted(set(ids))
     return [ids[start : start + CHUNK] for start in range(0, len(ids), CHUNK)]
 
 

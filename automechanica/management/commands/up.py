@@ -132,8 +132,8 @@ class Command(BaseCommand):
         if users.objects.filter(is_superuser=True).exists():
             return
         password = secrets.token_urlsafe(12)
-        users.objects.create_superuser("admin", "", password)
         if self.stdout.isatty():
+            users.objects.create_superuser("admin", "", password)
             self.stdout.write(
                 self.style.SUCCESS(
                     f"created the admin user: admin / {password}\n"
@@ -142,8 +142,10 @@ class Command(BaseCommand):
             )
             return
         # Not a terminal (a container's log, a file): the password goes to a file only
-        # its owner can read, and the output names the file.
+        # its owner can read, written before the user exists so that it cannot be lost,
+        # and the output names the file.
         path = replace_private_file(settings.VAR_DIR / ADMIN_PASSWORD_FILE, password + "\n")
+        users.objects.create_superuser("admin", "", password)
         self.stdout.write(
             self.style.SUCCESS(
                 f"created the admin user: admin; its password is in {path} (readable by you "

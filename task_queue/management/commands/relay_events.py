@@ -73,8 +73,10 @@ class Command(BaseCommand):
         if not url:
             raise CommandError(f"a destination is needed: --to URL or ${DESTINATION_VARIABLE}")
         scheme = urlsplit(url).scheme
-        if scheme not in BRIDGES:
-            raise CommandError(f"--to: expected nats://… or amqp://…, got {url!r}")
+        if scheme not in BRIDGES:  # named without its credentials, which it may carry
+            raise CommandError(
+                f"--to: expected nats://… or amqp://…, got {destination_key(url, '')!r}"
+            )
         if not 1 <= options["batch"] <= MAX_BATCH:
             raise CommandError(f"--batch: from 1 to {MAX_BATCH}")
         if options["poll"] <= 0 or options["confirm_timeout"] <= 0:
