@@ -4,7 +4,6 @@ import logging
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,10 +21,6 @@ def _positive_float(value: str) -> float:
     if number <= 0:
         raise ValueError(value)
     return number
-
-
-# A signal this soon after the first is the same request, delivered twice.
-REPEAT_WINDOW_SECONDS = 1.0
 
 
 class Command(BaseCommand):
@@ -128,12 +123,7 @@ class Command(BaseCommand):
                 name = signal.Signals(first[0]).name
                 logger.info("%s: stopping after in-flight tasks", name)
                 worker.request_stop()
-                first_at = time.monotonic()
-                while second := signals.read(1):
-                    # A wrapper (uv, timeout, systemd's process group) passes on the
-                    # same stop request a moment later: that one is not a second request.
-                    if time.monotonic() - first_at < REPEAT_WINDOW_SECONDS:
-                        continue
+                if second := signals.read(1):
                     logger.warning("%s again: exiting at once", signal.Signals(second[0]).name)
                     os._exit(128 + second[0])
 
