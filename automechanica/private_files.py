@@ -16,11 +16,15 @@ from pathlib import Path
 def _written(directory: Path, text: str) -> str:
     directory.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=directory, prefix=".private-")
+    _write_synced(handle, text)
+    return temporary
+
+
+def _write_synced(handle: int, text: str) -> None:
     with os.fdopen(handle, "w") as out:
         out.write(text)
         out.flush()
         os.fsync(out.fileno())
-    return temporary
 
 
 def create_private_file(path: Path, text: str) -> bool:
@@ -44,10 +48,7 @@ def _create_exclusively(path: Path, text: str) -> bool:
         handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return False
-    with os.fdopen(handle, "w") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
+    _write_synced(handle, text)
     return True
 
 

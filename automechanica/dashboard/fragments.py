@@ -85,7 +85,7 @@ def task_context(task: Task, user: User) -> dict[str, Any]:
         and task.available_at > timezone.now()
         and user.has_perm("queue.revive_task"),
         "can_cancel": task.status not in (TaskStatus.COMPLETED, TaskStatus.CANCELLED)
-        and not (task.cancel_requested_at and task.status == TaskStatus.RUNNING)
+        and not task.cancel_awaited
         and user.has_perm("queue.cancel_task"),
     }
 

@@ -170,6 +170,12 @@ class Task(models.Model):
     def __str__(self) -> str:
         return f"{self.agent_name}.{self.task_type} {self.id} ({self.status})"
 
+    @property
+    def cancel_awaited(self) -> bool:
+        """Running, with a cancel requested: its worker ends it at the next heartbeat,
+        or sooner, whatever ends the attempt (the flag means nothing on another status)."""
+        return self.cancel_requested_at is not None and self.status == TaskStatus.RUNNING
+
 
 class TaskEvent(models.TextChoices):
     """What a history row records."""

@@ -168,8 +168,7 @@ def cancel_task(request: HttpRequest, task_id: UUID):
     outcome = operations.cancel([task_id], actor=request.auth.actor, source="api").get(task_id)
     task = _task(task_id)
     if outcome is None:
-        requested = task.cancel_requested_at and task.status == "running"
-        state = "cancel requested" if requested else task.status
+        state = "cancel requested" if task.cancel_awaited else task.status
         raise ApiError.wrong_status("task", state, "cancel it")
     return {"id": task_id, "outcome": outcome, "task": task}
 

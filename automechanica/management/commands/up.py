@@ -133,23 +133,18 @@ class Command(BaseCommand):
             return
         password = secrets.token_urlsafe(12)
         if self.stdout.isatty():
-            users.objects.create_superuser("admin", "", password)
-            self.stdout.write(
-                self.style.SUCCESS(
-                    f"created the admin user: admin / {password}\n"
-                    "  (shown this once; change it in the admin or with `manage.py changepassword`)"
-                )
-            )
-            return
-        # Not a terminal (a container's log, a file): the password goes to a file only
-        # its owner can read, written before the user exists so that it cannot be lost,
-        # and the output names the file.
-        path = replace_private_file(settings.VAR_DIR / ADMIN_PASSWORD_FILE, password + "\n")
+            shown = f" / {password}\n  (shown this once; "
+        else:
+            # Not a terminal (a container's log, a file): the password goes to a file
+            # only its owner can read, written before the user exists so that it cannot
+            # be lost, and the output names the file.
+            path = replace_private_file(settings.VAR_DIR / ADMIN_PASSWORD_FILE, password + "\n")
+            shown = f"; its password is in {path} (readable by you only; "
         users.objects.create_superuser("admin", "", password)
         self.stdout.write(
             self.style.SUCCESS(
-                f"created the admin user: admin; its password is in {path} (readable by you "
-                "only; change it in the admin or with `manage.py changepassword`)"
+                f"created the admin user: admin{shown}change it in the admin or with "
+                "`manage.py changepassword`)"
             )
         )
 
