@@ -5,35 +5,45 @@ PostgreSQL under ``var/pgdata`` (see ``automechanica.embedded_postgres``).
 """
 
 import os
-import secrets
 from pathlib import Path
 
 import dj_database_url
 
-from automechanica.private_files import create_private_file
+from automechanica.deployment import (
+    ONE_YEAR_SECONDS,
+    csrf_trusted_origins,
+    env_bool,
+    env_int,
+    is_deployment,
+    proxy_ssl_header,
+    secret_key,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("AUTOMECHANICA_VAR_DIR", BASE_DIR / "var"))
 
-
-def _env_bool(name: str, default: bool) -> bool:
-    return os.environ.get(name, str(default)).lower() in {"1", "true", "yes", "on"}
-
-
-def _secret_key() -> str:
-    """``DJANGO_SECRET_KEY``, or a key generated once and kept in ``var/`` for development."""
-    if key := os.environ.get("DJANGO_SECRET_KEY"):
-        return key
-    path = VAR_DIR / "secret_key"
-    if not path.exists():
-        # Processes starting at once (up starts many) agree on the first one written.
-        create_private_file(path, secrets.token_urlsafe(50))
-    return path.read_text().strip()
-
-
-SECRET_KEY = _secret_key()
-DEBUG = _env_bool("DJANGO_DEBUG", False)
+DEBUG = env_bool(os.environ, "DJANGO_DEBUG", False)
+# Development or a deployment (automechanica.deployment): a deployment needs its own
+# DJANGO_SECRET_KEY and is HTTPS-only unless told otherwise.
+DEPLOYMENT = is_deployment(os.environ, DEBUG)
+SECRET_KEY = secret_key(os.environ, VAR_DIR, DEPLOYMENT)
 ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
+
+# HTTPS-only in a deployment, each switch read from the environment (off: "false").
+# The proxy in front terminates TLS and sets X-Forwarded-Proto (docs/deployment.md).
+SECURE_SSL_REDIRECT = env_bool(os.environ, "DJANGO_SECURE_SSL_REDIRECT", DEPLOYMENT)
+SESSION_COOKIE_SECURE = env_bool(os.environ, "DJANGO_SESSION_COOKIE_SECURE", DEPLOYMENT)
+CSRF_COOKIE_SECURE = env_bool(os.environ, "DJANGO_CSRF_COOKIE_SECURE", DEPLOYMENT)
+SECURE_HSTS_SECONDS = env_int(
+    os.environ, "DJANGO_SECURE_HSTS_SECONDS", ONE_YEAR_SECONDS if DEPLOYMENT else 0
+)
+# Subdomains and the preload list are the domain owner's choice: off unless asked.
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool(
+    os.environ, "DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", False
+)
+SECURE_HSTS_PRELOAD = env_bool(os.environ, "DJANGO_SECURE_HSTS_PRELOAD", False)
+SECURE_PROXY_SSL_HEADER = proxy_ssl_header(os.environ, DEPLOYMENT)
+CSRF_TRUSTED_ORIGINS = csrf_trusted_origins(os.environ, ALLOWED_HOSTS, DEPLOYMENT)
 
 # task_queue comes first: Django gives a command name to the first app that defines
 # it, and Channels ships a `runworker` of its own. daphne precedes staticfiles so its

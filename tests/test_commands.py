@@ -191,6 +191,13 @@ def test_up_serves_the_api_and_stops_everything_on_ctrl_c(transactional_db, tmp_
         assert up.wait(60) == 0, (tmp_path / "up.log").read_text()
         _, alive = psutil.wait_procs(children, timeout=10)
         assert alive == []
+        # Stopped in dependency order: the orchestrator (the API's client) before the
+        # web server, the web server before the rest; so nothing prints a traceback.
+        printed = (tmp_path / "up.log").read_text()
+        stopped = re.findall(r"^(.+) stopped$", printed, re.MULTILINE)[:-1]  # then "all processes"
+        assert stopped[:2] == ["demo orchestrator", "web server"], printed
+        assert sorted(stopped[2:]) == ["EchoAgent", "agent memory", "maintenance"], printed
+        assert "Traceback" not in printed, printed
     finally:
         if up.poll() is None:
             for child in psutil.Process(up.pid).children(recursive=True):

@@ -217,9 +217,9 @@ def test_edit_payload_and_revive_records_a_diff():
     task_id = dead_task({"sku": "rtr-1", "position": "middle"})
     client = staff(*OPERATOR)
     bad = client.post(f"/tasks/{task_id}/edit/", {"payload": '{"sku": '})
-    assert bad.status_code == 422 and b"Not valid JSON" in bad.content
+    assert bad.status_code == 400 and b"Not valid JSON" in bad.content
     not_object = client.post(f"/tasks/{task_id}/edit/", {"payload": "[1, 2]"})
-    assert not_object.status_code == 422 and b"must be a JSON object" in not_object.content
+    assert not_object.status_code == 400 and b"must be a JSON object" in not_object.content
     assert Task.objects.get(id=task_id).status == TaskStatus.FAILED  # nothing half-done
 
     fixed = json.dumps({"sku": "rtr-1", "position": "front"})
@@ -342,7 +342,7 @@ def test_a_deeply_nested_payload_in_the_edit_form_is_refused_not_a_500():
     """Issue 14, finding 12."""
     task_id = dead_task()
     response = staff(*OPERATOR).post(f"/tasks/{task_id}/edit/", {"payload": "[" * 100_000})
-    assert response.status_code == 422 and b"nested too deeply" in response.content
+    assert response.status_code == 400 and b"nested too deeply" in response.content
     assert Task.objects.get(id=task_id).status == TaskStatus.FAILED
 
 

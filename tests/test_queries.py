@@ -132,3 +132,15 @@ def test_only_one_reaper_runs_at_a_time():
     finally:
         other.close()
     assert not transaction.get_connection().in_atomic_block
+
+
+def test_a_claimed_task_that_carries_the_flag_ends_cancelled_with_its_finish_time():
+    """A flagged pending task (left by a lost request) claimed, and its lease expiring:
+    it ends cancelled, with the finish time retention prunes it by."""
+    task_id = operations.enqueue("EchoAgent", "echo", {}).id
+    Task.objects.filter(id=task_id).update(cancel_requested_at="2026-11-01T00:00:00Z")
+    now = datetime.now(UTC) + timedelta(seconds=1)
+    leasing.claim_tasks(owner="host:1", agents=["EchoAgent"], limit=1, lease_seconds=30, now=now)
+    reaped = reaper.reap_expired_leases(now=now + timedelta(seconds=31))
+    assert reaped == [(task_id, "EchoAgent", "cancelled")]
+    assert Task.objects.get(id=task_id).finished_at == now + timedelta(seconds=31)

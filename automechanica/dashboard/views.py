@@ -256,7 +256,7 @@ def task_edit(request: HttpRequest, task_id: UUID) -> HttpResponse:
     _require(request, "edit")
     task = get_object_or_404(Task, id=task_id)
     editable = task.status in (TaskStatus.DEAD, TaskStatus.FAILED, TaskStatus.PENDING)
-    error = None
+    error, status = None, 200
     try:
         current = blobs.payload_of(task.payload, task.payload_ref)
     except blobs.PayloadBlobError as missing:
@@ -264,18 +264,24 @@ def task_edit(request: HttpRequest, task_id: UUID) -> HttpResponse:
     text = json.dumps(current, indent=2, ensure_ascii=False)
     if request.method == "POST" and editable:
         text = request.POST.get("payload", "")
+        # The form comes back with the reason: 400 for a payload that cannot be
+        # saved, 409 when the task changed state under the operator's feet.
+        status = 400
         try:
             payload = json.loads(text)
             actor = {"actor": user_actor(request.user), "source": "dashboard"}
             if task.status == TaskStatus.PENDING:
                 operations.update_pending(task.id, payload=payload, **actor)
             elif not operations.revive([task.id], payload=payload, **actor):
+                status = 409
                 raise ValueError("the task is no longer dead or failed")
         except json.JSONDecodeError as bad:
             error = f"Not valid JSON: {bad.msg} (line {bad.lineno}, column {bad.colno})"
         except RecursionError:
             error = "The payload is nested too deeply."
-        except (operations.InvalidTask, operations.TaskNotPending, ValueError) as bad:
+        except operations.TaskNotPending as bad:
+            error, status = getattr(bad, "message", None) or str(bad), 409
+        except (operations.InvalidTask, ValueError) as bad:
             error = getattr(bad, "message", None) or str(bad)
         else:
             revived = task.status != TaskStatus.PENDING
@@ -285,7 +291,7 @@ def task_edit(request: HttpRequest, task_id: UUID) -> HttpResponse:
         request,
         "dashboard/task_edit.html",
         {"task": task, "text": text, "error": error, "editable": editable},
-        status=422 if error else 200,
+        status=status if error else 200,
     )
 
 

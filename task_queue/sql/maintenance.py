@@ -33,7 +33,8 @@ reaped AS (
                 'retryable', true, 'attempt', t.attempts + 1,
                 'worker', expired.lease_owner, 'at', {NOW})
             ELSE t.error_info END,
-        finished_at = CASE WHEN expired.status = 'running' THEN {NOW} END,
+        finished_at = CASE WHEN expired.status = 'running' OR expired.cancel_requested
+                           THEN {NOW} END,
         updated_at = {NOW},
         {TASK_LEASE.clear()}
     FROM expired

@@ -7,8 +7,8 @@ runs the web server (daphne: dashboard, admin, API, WebSockets), one ``runworker
 process per agent, the maintenance loop and the embedding worker, and supervises
 them: a process that dies is reported and the others are stopped. ``--demo`` adds
 the reference orchestrator with a stream of supplier feeds, some of whose parts
-fail. Ctrl-C (or SIGTERM) stops every process gracefully; a second Ctrl-C stops
-them at once.
+fail. Ctrl-C (or SIGTERM) stops every process gracefully, the orchestrator first,
+then the web server, then the rest; a second Ctrl-C stops them at once.
 """
 
 import os
@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.conf import settings
@@ -32,6 +33,9 @@ from task_queue import registry
 from workflows.orchestrator.client import TOKEN_VARIABLE
 
 DEMO_TOKEN_NAME = "demo orchestrator"
+# Stopped first, one stage at a time: the orchestrator is the web server's client.
+# The workers, maintenance and the embedder need only the database and stop last.
+STOP_ORDER = ("demo orchestrator", "web server")
 ADMIN_PASSWORD_FILE = "admin-password"
 
 
@@ -106,25 +110,57 @@ class Command(BaseCommand):
         stop_requests = 0
 
         def on_signal(signum: int, frame: object) -> None:
+            # Only counts: the supervising loop below acts on it.
             nonlocal stop_requests
             stop_requests += 1
-            for worker in workers.values():
-                if worker.poll() is None:
-                    worker.send_signal(signal.SIGTERM)  # the second one: exit at once
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
-        failed = None
-        while any(w.poll() is None for w in workers.values()):
-            if not stop_requests and failed is None:
-                failed = next((a for a, w in workers.items() if w.poll() is not None), None)
-                if failed is not None:
-                    self.stderr.write(f"the {failed} process exited; stopping the others")
-                    on_signal(signal.SIGTERM, None)
-            time.sleep(0.2)  # supervising child processes: nothing to wait on but them
+        failed = self._supervise(workers, lambda: stop_requests)
         if failed is not None:
             raise CommandError(f"the {failed} process exited with {workers[failed].returncode}")
         self.stdout.write("all processes stopped")
+
+    def _supervise(
+        self, processes: dict[str, subprocess.Popen], stop_requests: Callable[[], int]
+    ) -> str | None:
+        """Run until every process has exited; returns the one whose exit stopped the
+        others, if one did.
+
+        A stop (the first Ctrl-C or SIGTERM, or a process exiting) goes through
+        :data:`STOP_ORDER`: each stage gets one SIGTERM (its grace period) and is
+        waited for before the next, so the orchestrator never talks to a stopped web
+        server. A second Ctrl-C gives every process its second SIGTERM: exit at once.
+        """
+        signalled = dict.fromkeys(processes, 0)
+        stages = _stop_stages(processes)
+        exited: set[str] = set()
+        failed, stopping = None, False
+        while True:
+            for name, process in processes.items():
+                if name in exited or process.poll() is None:
+                    continue
+                exited.add(name)
+                if stopping:
+                    self.stdout.write(f"{name} stopped")
+                else:
+                    failed, stopping = name, True
+                    self.stderr.write(f"the {name} process exited; stopping the others")
+            if len(exited) == len(processes):
+                return failed
+            stopping = stopping or stop_requests() > 0
+            if stop_requests() >= 2:
+                wanted = {name: 2 for name in processes}
+            elif stopping:
+                stage = next(s for s in stages if not exited.issuperset(s))
+                wanted = dict.fromkeys(stage, 1)
+            else:
+                wanted = {}
+            for name, times in wanted.items():
+                while signalled[name] < times and processes[name].poll() is None:
+                    processes[name].send_signal(signal.SIGTERM)
+                    signalled[name] += 1
+            time.sleep(0.2)  # supervising child processes: nothing to wait on but them
 
     def _first_admin(self) -> None:
         """On the first run, a superuser ``admin`` whose password is printed this once."""
@@ -147,6 +183,13 @@ class Command(BaseCommand):
                 "`manage.py changepassword`)"
             )
         )
+
+
+def _stop_stages(names: Iterable[str]) -> list[list[str]]:
+    """:data:`STOP_ORDER`'s stages, then every other process together."""
+    names = list(names)
+    first = [[name] for name in STOP_ORDER if name in names]
+    return [*first, [name for name in names if name not in STOP_ORDER]]
 
 
 def _local_url(host: str, port: int) -> str:
