@@ -322,6 +322,18 @@ class Worker:
             logger.exception("could not remove the worker's row")
         connection.close()
 
+    def abandon(self) -> None:
+        """Give back every lease at once, its handlers still running: what a second
+        stop signal does just before the process exits. Another worker takes the tasks
+        now instead of after their leases expire (a wrapper such as ``timeout`` under
+        ``uv run`` delivers two SIGTERMs for one stop)."""
+        if flights := self._held_flights():
+            self._release(flights)
+        try:
+            leasing.delete_worker(self.id)
+        except DatabaseError:
+            logger.exception("could not remove the worker's row")
+
     def _release(self, flights: list[InFlight]) -> None:
         try:
             with transaction.atomic():

@@ -14,6 +14,8 @@ from task_queue import registry
 from task_queue.worker import MonitorFailed, Worker, WorkerConfig
 
 logger = logging.getLogger("task_queue.worker")
+# How long a second signal waits for the database to take the leases back.
+ABANDON_SECONDS = 2.0
 
 
 def _positive_float(value: str) -> float:
@@ -26,7 +28,8 @@ def _positive_float(value: str) -> float:
 class Command(BaseCommand):
     help = (
         "Run a worker for the named agents. SIGTERM/SIGINT stop it gracefully (in-flight "
-        "tasks get the grace period, the rest are released); a second signal exits at once."
+        "tasks get the grace period, the rest are released); a second signal gives every "
+        "task back and exits at once."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -125,7 +128,14 @@ class Command(BaseCommand):
                 worker.request_stop()
                 if second := signals.read(1):
                     logger.warning("%s again: exiting at once", signal.Signals(second[0]).name)
-                    os._exit(128 + second[0])
+                    # The handlers die with the process; their tasks are given back
+                    # first, unless the database does not answer within the bound.
+                    code = 128 + second[0]
+                    deadline = threading.Timer(ABANDON_SECONDS, os._exit, args=(code,))
+                    deadline.daemon = True
+                    deadline.start()
+                    worker.abandon()
+                    os._exit(code)
 
         threading.Thread(target=relay, name="signal-relay", daemon=True).start()
 
