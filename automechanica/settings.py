@@ -161,8 +161,11 @@ STORAGES = {
     },
 }
 
-# The largest request body the API reads (a batch of up to 1,000 tasks); 413 beyond it.
-DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("API_MAX_REQUEST_BYTES", 32 * 1024 * 1024))
+# The largest request body the web server takes (a batch of up to 1,000 tasks fits):
+# daphne answers 413 to a larger one as it arrives, unread (automechanica.body_limit);
+# Django's own limit is the same, for any other server.
+API_MAX_REQUEST_BYTES = int(os.environ.get("API_MAX_REQUEST_BYTES", 32 * 1024 * 1024))
+DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_REQUEST_BYTES
 
 LOGGING = {
     "version": 1,
