@@ -67,6 +67,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last: it runs the API's GET views and the dashboard's pages under a time limit.
+    "automechanica.read_timeout.ReadTimeoutMiddleware",
 ]
 
 ROOT_URLCONF = "automechanica.urls"
@@ -166,6 +168,10 @@ STORAGES = {
 # Django's own limit is the same, for any other server.
 API_MAX_REQUEST_BYTES = int(os.environ.get("API_MAX_REQUEST_BYTES", 32 * 1024 * 1024))
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_REQUEST_BYTES
+
+# The API's GET routes and the dashboard's pages read under this statement timeout
+# (automechanica.read_timeout): 503 past it; 0 turns it off.
+READ_STATEMENT_TIMEOUT_SECONDS = float(os.environ.get("READ_STATEMENT_TIMEOUT_SECONDS", 5))
 
 LOGGING = {
     "version": 1,
