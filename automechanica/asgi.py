@@ -13,7 +13,12 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from automechanica import body_limit  # noqa: E402
 from automechanica.dashboard.routing import websocket_urlpatterns  # noqa: E402
+
+# daphne reads a whole body before it calls the application: refuse one over
+# API_MAX_REQUEST_BYTES as it arrives instead.
+body_limit.install()
 
 application = ProtocolTypeRouter(
     {

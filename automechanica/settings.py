@@ -77,6 +77,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last: it runs the API's GET views and the dashboard's pages under a time limit.
+    "automechanica.read_timeout.ReadTimeoutMiddleware",
 ]
 
 ROOT_URLCONF = "automechanica.urls"
@@ -171,8 +173,15 @@ STORAGES = {
     },
 }
 
-# The largest request body the API reads (a batch of up to 1,000 tasks); 413 beyond it.
-DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("API_MAX_REQUEST_BYTES", 32 * 1024 * 1024))
+# The largest request body the web server takes (a batch of up to 1,000 tasks fits):
+# daphne answers 413 to a larger one as it arrives, unread (automechanica.body_limit);
+# Django's own limit is the same, for any other server.
+API_MAX_REQUEST_BYTES = int(os.environ.get("API_MAX_REQUEST_BYTES", 32 * 1024 * 1024))
+DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_REQUEST_BYTES
+
+# The API's GET routes and the dashboard's pages read under this statement timeout
+# (automechanica.read_timeout): 503 past it; 0 turns it off.
+READ_STATEMENT_TIMEOUT_SECONDS = float(os.environ.get("READ_STATEMENT_TIMEOUT_SECONDS", 5))
 
 LOGGING = {
     "version": 1,

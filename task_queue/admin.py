@@ -14,8 +14,8 @@ from uuid import UUID
 
 from django.contrib import admin, messages
 from django.core.paginator import Paginator
-from django.db.models import F, Max, Min, Q, QuerySet, TextField
-from django.db.models.functions import Cast, Greatest
+from django.db.models import F, Max, Min, Q, QuerySet
+from django.db.models.functions import Greatest
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.functional import cached_property
@@ -37,6 +37,7 @@ from .models import (
     TaskHistory,
     TaskQueueMetric,
     Worker,
+    payload_text,
 )
 from .stats import EXACT_COUNT_BELOW_ROWS
 
@@ -157,8 +158,7 @@ class TaskAdmin(ReadOnlyAdmin):
             return queryset.filter(id=UUID(term)), False
         except ValueError:
             pass
-        payload_text = Cast("payload", TextField())
-        matches = queryset.annotate(payload_text=payload_text).filter(
+        matches = queryset.alias(payload_text=payload_text()).filter(
             Q(task_type__icontains=term) | Q(payload_text__icontains=term)
         )
         return matches, False

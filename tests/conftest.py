@@ -80,11 +80,12 @@ def manage_processes(transactional_db, tmp_path) -> Iterator[Callable[..., Manag
 
 @pytest.fixture
 def live_servers(transactional_db, tmp_path) -> Iterator[Callable[[], LiveServer]]:
-    """Start real daphne servers on the test database; all are stopped after."""
+    """Start real daphne servers on the test database (``start(NAME=value)`` adds
+    environment variables: settings); all are stopped after."""
     started: list[LiveServer] = []
 
-    def start() -> LiveServer:
-        server = LiveServer(manage_env(), tmp_path / f"daphne-{len(started)}.log", REPO)
+    def start(**env: str) -> LiveServer:
+        server = LiveServer(manage_env() | env, tmp_path / f"daphne-{len(started)}.log", REPO)
         started.append(server)
         wait_for(server.ready, timeout=60, what="daphne to answer")
         return server

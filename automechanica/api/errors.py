@@ -1,8 +1,9 @@
 """The API's error body, and how each kind of failure becomes one.
 
-Every 4xx answer is ``{"code", "message", "field_errors": [{"field", "message"}],
-"details"}``: ``code`` is stable for programs, ``field_errors`` names each bad
-field as a path into the request (``tasks[3].priority``, ``payload``, ``cursor``).
+Every 4xx answer (and the 503 of a read past its time limit) is ``{"code", "message",
+"field_errors": [{"field", "message"}], "details"}``: ``code`` is stable for programs,
+``field_errors`` names each bad field as a path into the request
+(``tasks[3].priority``, ``payload``, ``cursor``).
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ class ErrorOut(Schema):
     details: dict[str, Any] = {}
 
 
-# Every operation documents these, so a client (and the schema check) knows the shape.
-ERROR_STATUSES = (400, 401, 403, 404, 409, 413, 422)
+# Every operation documents these, so a client (and the schema check) knows the shape;
+# 503 is a read past its time limit (automechanica.read_timeout).
+ERROR_STATUSES = (400, 401, 403, 404, 409, 413, 422, 503)
 ERROR_RESPONSES: dict[int, type[ErrorOut]] = dict.fromkeys(ERROR_STATUSES, ErrorOut)
 
 

@@ -14,8 +14,9 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from django.db.models import Q, QuerySet, TextField
-from django.db.models.functions import Cast
+from django.db.models import Q, QuerySet
+
+from task_queue.models import payload_contains
 
 from .errors import ApiError
 from .schemas import TaskFilters
@@ -42,9 +43,7 @@ def filter_tasks(tasks: QuerySet, filters: TaskFilters) -> QuerySet:
             conditions &= Q(**{lookup: value})
     tasks = tasks.filter(conditions)
     if filters.q:
-        tasks = tasks.alias(payload_text=Cast("payload", TextField())).filter(
-            payload_text__icontains=filters.q
-        )
+        tasks = payload_contains(tasks, filters.q)
     return tasks
 
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
-from django.db.models import QuerySet, TextField
-from django.db.models.functions import Cast
+from django.db.models import QuerySet
 
 from task_queue import registry
-from task_queue.models import REVIVABLE_STATUSES, Task
+from task_queue.models import REVIVABLE_STATUSES, Task, payload_contains
 
 
 class DeadLetterFilter(forms.Form):
@@ -50,9 +49,7 @@ class DeadLetterFilter(forms.Form):
         if values.get("until"):
             tasks = tasks.filter(finished_at__lt=values["until"])
         if values.get("q"):
-            tasks = tasks.annotate(payload_text=Cast("payload", TextField())).filter(
-                payload_text__icontains=values["q"]
-            )
+            tasks = payload_contains(tasks, values["q"])
         return tasks.order_by("-finished_at", "-id")
 
     def as_record(self) -> dict[str, str]:

@@ -22,6 +22,8 @@ from .tasks import (
     TaskHistory,
     TaskStatus,
     Workflow,
+    payload_contains,
+    payload_text,
 )
 from .workers import PausedAgent, Worker, WorkerHeartbeat
 
@@ -49,4 +51,6 @@ __all__ = [
     "Worker",
     "WorkerHeartbeat",
     "Workflow",
+    "payload_contains",
+    "payload_text",
 ]

@@ -4,7 +4,7 @@ import uuid
 
 from django.contrib.postgres.functions import RandomUUID
 from django.db import models
-from django.db.models.functions import Now
+from django.db.models.functions import Cast, Now
 
 PRIORITY_MIN = 0
 PRIORITY_MAX = 9
@@ -175,6 +175,22 @@ class Task(models.Model):
         """Running, with a cancel requested: its worker ends it at the next heartbeat,
         or sooner, whatever ends the attempt (the flag means nothing on another status)."""
         return self.cancel_requested_at is not None and self.status == TaskStatus.RUNNING
+
+
+def payload_text() -> Cast:
+    """A task's payload as JSON text: what the payload search matches."""
+    return Cast("payload", models.TextField())
+
+
+def payload_contains(tasks: models.QuerySet, text: str) -> models.QuerySet:
+    """``tasks`` whose payload, as JSON text, contains ``text`` in any case.
+
+    Django writes this ``upper(payload::text) LIKE upper('%text%')``: the expression of
+    the trigram index of migration ``queue 0010`` (where the server has pg_trgm), so
+    every search of payloads (the API's ``q``, the dead-letter page, the admin) must
+    keep it to use that index.
+    """
+    return tasks.alias(payload_text=payload_text()).filter(payload_text__icontains=text)
 
 
 class TaskEvent(models.TextChoices):

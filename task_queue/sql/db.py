@@ -38,3 +38,14 @@ def execute(sql: str, params: dict[str, Any]) -> int:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
+
+
+# SET LOCAL statement_timeout, with the time as a parameter: it ends with the
+# caller's transaction.
+LIMIT_STATEMENT_TIME = "SELECT set_config('statement_timeout', %(timeout)s, true)"
+
+
+def limit_statement_time(seconds: float) -> None:
+    """Bound each later statement of the caller's transaction to ``seconds``: past it
+    PostgreSQL cancels the statement (``QueryCanceled``, a Django ``OperationalError``)."""
+    fetch(LIMIT_STATEMENT_TIME, {"timeout": f"{max(1, round(seconds * 1000))}ms"})
