@@ -6,7 +6,8 @@ The worker (``manage.py runembedder``) leases ``embedding_jobs`` with the same
 no job is embedded by two at once. A lease covers one batch (embedding a batch takes
 milliseconds with the default embedder, so there is no heartbeat); a job whose
 embedder died is given back when its lease runs out, and one that keeps failing is
-retried with backoff, then marked dead.
+retried with backoff, then marked dead. A lost database connection (a restart) is
+waited out with backoff: the process carries on once the server is back.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+from django.db import connection
 from django.db.models import QuerySet
 from pgvector.django import CosineDistance
 
 from agents_app.sql import memory as memory_sql
 from task_queue import leases
+from task_queue.retry import CONNECTION_ERRORS, Backoff
 from task_queue.stop_signals import Stop
 
 from .embeddings import embed
@@ -41,12 +44,15 @@ class EmbedderStats:
     refused: int = 0  # completions whose lease had been lost
 
 
-def embed_batch(owner: str, *, limit: int = 32) -> EmbedderStats:
-    """Claim up to ``limit`` jobs, embed their events and record the outcome."""
+def embed_batch(
+    owner: str, *, limit: int = 32, lease_seconds: float = LEASE_SECONDS
+) -> EmbedderStats:
+    """Claim up to ``limit`` jobs for ``lease_seconds``, embed their events and record
+    the outcome."""
     stats = EmbedderStats()
     done: list[tuple[int, UUID, Sequence[float]]] = []
     for job in memory_sql.claim_embedding_jobs(
-        owner=owner, limit=limit, lease_seconds=LEASE_SECONDS
+        owner=owner, limit=limit, lease_seconds=lease_seconds
     ):
         try:
             done.append((job.id, job.lease_token, embed(job.text)))
@@ -67,13 +73,25 @@ def embed_batch(owner: str, *, limit: int = 32) -> EmbedderStats:
     return stats
 
 
-def run_embedder(stop: Stop, *, batch: int, poll: float, once: bool) -> EmbedderStats:
+def run_embedder(
+    stop: Stop, *, batch: int, poll: float, once: bool, lease_seconds: float = LEASE_SECONDS
+) -> EmbedderStats:
     """Embed until ``stop`` is set (or, with ``once``, until nothing is due)."""
     owner = leases.holder_id()
     total = EmbedderStats()
+    backoff = Backoff()
     while not stop.is_set():
-        memory_sql.recover_embedding_jobs()
-        stats = embed_batch(owner, limit=batch)
+        try:
+            memory_sql.recover_embedding_jobs()
+            stats = embed_batch(owner, limit=batch, lease_seconds=lease_seconds)
+        except CONNECTION_ERRORS as error:
+            # Jobs claimed before the loss are given back when their lease ends.
+            delay = backoff.next()
+            logger.warning("embedding failed (%s); retrying in %.1f s", error, delay)
+            connection.close()
+            stop.wait(delay)
+            continue
+        backoff.reset()
         total.embedded += stats.embedded
         total.failed += stats.failed
         total.refused += stats.refused

@@ -96,7 +96,8 @@ def payload_of(payload: Any, ref: str | None) -> Any:
 class AtomicFileSystemStorage(FileSystemStorage):
     """A filesystem storage whose files appear whole or not at all (a temporary file
     in the same directory, then a rename), and where saving an existing name
-    replaces it: names are content hashes, so the content is the same."""
+    replaces it: names are content hashes, so the content is the same. Payloads are
+    the tasks' data: its directories are its owner's alone (0700), its files 0600."""
 
     def get_available_name(self, name: str, max_length: int | None = None) -> str:
         return name
@@ -104,7 +105,8 @@ class AtomicFileSystemStorage(FileSystemStorage):
     def _save(self, name: str, content: File) -> str:
         path = self.path(name)
         directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
+        self._make_private(directory)
+        # mkstemp creates the file 0600, and the rename keeps that.
         fd, temporary = tempfile.mkstemp(dir=directory, prefix=".partial-")
         try:
             with os.fdopen(fd, "wb") as f:
@@ -112,9 +114,25 @@ class AtomicFileSystemStorage(FileSystemStorage):
                     f.write(chunk)
                 f.flush()
                 os.fsync(f.fileno())
-            os.chmod(temporary, 0o644)
             os.replace(temporary, path)
         except BaseException:
             os.unlink(temporary)
             raise
         return name
+
+    def _make_private(self, directory: str) -> None:
+        """Create the storage's root and the directories down to ``directory`` 0700;
+        make any of them that others may open (made before this rule) 0700 too."""
+        root = os.path.abspath(self.location)
+        os.makedirs(os.path.dirname(root), exist_ok=True)
+        levels = [root]
+        below = os.path.relpath(directory, root)
+        if below != os.curdir:
+            for part in below.split(os.sep):
+                levels.append(os.path.join(levels[-1], part))
+        for level in levels:
+            try:
+                os.mkdir(level, 0o700)
+            except FileExistsError:
+                if os.stat(level).st_mode & 0o077:
+                    os.chmod(level, 0o700)

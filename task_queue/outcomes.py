@@ -20,7 +20,7 @@ from django.db import DatabaseError, connection
 from task_queue.sql import outcomes as outcomes_sql
 
 from .execution import Outcome, OutcomeKind, unrecordable
-from .retry import CONNECTION_ERRORS
+from .retry import CONNECTION_ERRORS, Backoff
 
 logger = logging.getLogger(__name__)
 
@@ -85,18 +85,18 @@ class OutcomeWriter:
         write. A batch the database refuses for its content is written one outcome
         at a time, so one bad outcome cannot hold up the others.
         """
-        delay = 0.1
+        backoff = Backoff()
         while True:
             try:
                 self._write(batch)
                 return
             except CONNECTION_ERRORS as error:
+                delay = backoff.next()
                 logger.warning(
                     "writing %d outcomes failed (%s); retrying in %.1f s", len(batch), error, delay
                 )
                 connection.close()
                 time.sleep(delay)
-                delay = min(delay * 2, 5.0)
             except DatabaseError as error:
                 if len(batch) > 1:
                     for outcome in batch:

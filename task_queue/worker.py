@@ -38,7 +38,7 @@ from . import leases, reaper, registry
 from .execution import InFlight, StopReason, deadline_for, run_handler, timed_out
 from .notifications import Listener
 from .outcomes import OutcomeWriter
-from .retry import CONNECTION_ERRORS
+from .retry import CONNECTION_ERRORS, Backoff
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class Worker:
     # ------------------------------------------------------------ fetching
 
     def _fetch_loop(self) -> None:
-        backoff = 0.1
+        backoff = Backoff()
         relaxed = False  # this thread's connection commits claims without a WAL flush
         while not self._stopping.is_set():
             self._wake.clear()
@@ -143,12 +143,12 @@ class Worker:
                 if self._finished(claimed):
                     return
                 wait = self._idle_wait() if free else self.config.poll_seconds
-                backoff = 0.1
+                backoff.reset()
             except CONNECTION_ERRORS as error:
-                logger.warning("fetching tasks failed (%s); retrying in %.1f s", error, backoff)
+                wait = backoff.next()
+                logger.warning("fetching tasks failed (%s); retrying in %.1f s", error, wait)
                 connection.close()
                 relaxed = False
-                wait, backoff = backoff, min(backoff * 2, 5.0)
             self._wake.wait(wait)
 
     def _free_slots(self) -> int:

@@ -124,3 +124,12 @@ def test_blobs_are_checked_against_their_hash(blob_dir):
     with pytest.raises(blobs.PayloadBlobMissing, match="is not sha256-"):
         blobs.get("../../etc/passwd")
     assert blobs.offload('{"small": 1}') == ('{"small": 1}', None)
+
+
+def test_the_blob_directories_and_files_are_their_owners_alone(blob_dir):
+    blob_dir.mkdir(mode=0o755)  # made before the rule: made private at the next save
+    ref = blobs.put(b"private payload")
+    fan_out = ref.removeprefix(blobs.PREFIX)[:2]
+    modes = {str(p.relative_to(blob_dir)): p.stat().st_mode & 0o777 for p in blob_dir.rglob("*")}
+    assert blob_dir.stat().st_mode & 0o777 == 0o700
+    assert modes == {fan_out: 0o700, f"{fan_out}/{ref}": 0o600}

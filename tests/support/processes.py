@@ -49,7 +49,8 @@ def run_manage(
 
 
 class ManageProcess:
-    """A ``manage.py COMMAND`` subprocess on the test database, its log in a file."""
+    """A ``manage.py COMMAND`` subprocess on the test database, its log in a file; it
+    leads a process group of its own (see :func:`kill_group`)."""
 
     def __init__(self, command: str, args: list[str], log_path: Path) -> None:
         self.log_path = log_path
@@ -60,6 +61,7 @@ class ManageProcess:
             env=manage_env(),
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     @property
@@ -115,3 +117,10 @@ def kill(worker: ManageProcess) -> None:
     """SIGKILL, as a crash would: the process gets no chance to clean up."""
     worker.signal(signal.SIGKILL)
     worker.wait(10)
+
+
+def kill_group(process: ManageProcess) -> None:
+    """SIGKILL the process's whole group (it and anything it started), as an OOM kill
+    of a container or a lost machine would."""
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(10)

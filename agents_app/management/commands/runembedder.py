@@ -9,7 +9,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from agents_app.embeddings import embed
-from agents_app.memory import run_embedder
+from agents_app.memory import LEASE_SECONDS, run_embedder
 from task_queue.stop_signals import StopSignals
 
 
@@ -20,10 +20,19 @@ class Command(BaseCommand):
         parser.add_argument("--batch", type=int, default=32, help="jobs per lease (32)")
         parser.add_argument("--poll", type=float, default=2.0, help="seconds between idle looks")
         parser.add_argument("--once", action="store_true", help="embed what is due, then exit")
+        parser.add_argument(
+            "--lease",
+            type=float,
+            default=LEASE_SECONDS,
+            help=f"seconds a batch is leased for ({LEASE_SECONDS:g}); a job whose embedder "
+            "died is given back after it",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["batch"] < 1:
             raise CommandError("--batch must be at least 1")
+        if not options["lease"] > 0:  # False for NaN too
+            raise CommandError("--lease must be a positive number of seconds")
         try:
             embed("check the embedder loads")
         except ValueError as error:
@@ -31,7 +40,11 @@ class Command(BaseCommand):
         with StopSignals() as stop:
             self.stdout.write(f"embedding agent events with {settings.AGENT_MEMORY_EMBEDDER!r}")
             stats = run_embedder(
-                stop, batch=options["batch"], poll=options["poll"], once=options["once"]
+                stop,
+                batch=options["batch"],
+                poll=options["poll"],
+                once=options["once"],
+                lease_seconds=options["lease"],
             )
         self.stdout.write(
             f"embedder stopped: {stats.embedded} embedded, {stats.failed} failed, "
