@@ -102,14 +102,15 @@ def test_a_data_path_too_long_for_a_private_socket_is_refused(embedded_env, tmp_
     directory under /tmp, where its trust auth is any local user's."""
     pgdata = tmp_path / ("long-" * 20) / "pgdata"
     env = {**embedded_env, "AUTOMECHANICA_PGDATA": str(pgdata)}
-    refused = manage(env, "embedded_db", "url")
-    out, err = refused.communicate(timeout=60)
-    assert refused.returncode == 1 and not out
-    assert err.strip().splitlines() == [
-        f"CommandError: the embedded database's data directory {pgdata} is too long for its "
-        f"socket ({len(str(pgdata / SOCKET_NAME))} bytes with {SOCKET_NAME}, at most 107): "
-        "set AUTOMECHANICA_PGDATA to a shorter path"
-    ]
+    for command in (["embedded_db", "url"], ["migrate"]):
+        refused = manage(env, *command)
+        out, err = refused.communicate(timeout=60)
+        assert refused.returncode == 1 and not out
+        assert err.strip().splitlines() == [
+            f"manage.py: the embedded database's data directory {pgdata} is too long for "
+            f"its socket ({len(str(pgdata / SOCKET_NAME))} bytes with {SOCKET_NAME}, at "
+            "most 107): set AUTOMECHANICA_PGDATA to a shorter path"
+        ]
     assert not pgdata.exists()  # nothing started, nothing made
 
 

@@ -20,8 +20,9 @@ from urllib.parse import quote
 
 import fasteners
 import psycopg
-from django.core.exceptions import ImproperlyConfigured
 from psycopg import sql
+
+from automechanica.deployment import SettingsRefused
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def check_socket_path(pgdata: Path) -> None:
     socket_path = pgdata.expanduser().resolve() / SOCKET_NAME
     length = len(bytes(socket_path))
     if length > MAX_SOCKET_PATH_BYTES:
-        raise ImproperlyConfigured(
+        raise SettingsRefused(
             f"the embedded database's data directory {pgdata} is too long for its socket "
             f"({length} bytes with {SOCKET_NAME}, at most {MAX_SOCKET_PATH_BYTES}): set "
             "AUTOMECHANICA_PGDATA to a shorter path"
@@ -90,7 +91,7 @@ def _private_socket_dir(info: Any, pgdata: Path) -> str:
     """The running server's socket directory, which must be its data directory."""
     socket_dir = info.socket_dir
     if socket_dir is None or Path(socket_dir).resolve() != pgdata.expanduser().resolve():
-        raise ImproperlyConfigured(
+        raise SettingsRefused(
             f"the embedded database's socket is in {socket_dir}, outside its data directory "
             f"{pgdata}, where other local users may reach it: stop that server "
             "(manage.py embedded_db stop) and start it again"
