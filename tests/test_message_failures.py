@@ -229,3 +229,13 @@ def test_the_messages_page_lists_failed_ones_and_revives_with_the_permission(max
     assert OperatorAction.objects.count() == 2
     audit = operator.get("/audit/").content.decode()
     assert "Revive messages FitmentAgent" in audit and f"<code>{str(poison)[:8]}</code>" in audit
+
+
+def test_a_max_deliveries_below_one_is_refused_at_startup(settings):
+    from automechanica.checks import message_max_deliveries
+
+    assert message_max_deliveries() == []
+    for bad in (0, -1, 2.5, True):
+        settings.MESSAGE_MAX_DELIVERIES = bad
+        (error,) = message_max_deliveries()
+        assert error.id == "queue.E002" and "MESSAGE_MAX_DELIVERIES" in error.msg

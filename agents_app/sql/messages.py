@@ -1,4 +1,5 @@
-"""Direct messages between agents: send, leased mailbox reads, ack, expiry, retention."""
+"""Direct messages between agents: send, leased mailbox reads, ack, failure and revive,
+expiry, retention."""
 
 from __future__ import annotations
 
