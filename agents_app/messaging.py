@@ -5,6 +5,9 @@ leases up to ``limit`` of an agent's messages, highest priority first, then olde
 for ``visibility_timeout`` seconds; ``ack`` with the delivery's receipt marks one
 processed. A message not acknowledged in time is delivered again (its
 ``delivery_count`` says how often), and one past ``expires_at`` is delivered no more.
+One delivered ``MESSAGE_MAX_DELIVERIES`` times without an acknowledgement (a poison
+message that crashes its readers) is failed once its last lease ends: delivered no
+more until an operator revives it (``revive``, audit-logged).
 Readers of one agent in many processes never hold the same message at once (FOR
 UPDATE SKIP LOCKED). With ``wait``, ``receive`` blocks on the notification, polling
 as a fallback.
@@ -17,17 +20,18 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 
 from agents_app.sql import messages as messages_sql
-from task_queue import blobs, listen
+from task_queue import audit, blobs, listen
+from task_queue.models import OperatorAction
 from task_queue.storable import storable_json, text_problem
 
 from .models import MessageType
@@ -173,13 +177,47 @@ def acknowledge(message_id: UUID, receipt: UUID) -> bool:
 
 
 def recover_leases() -> None:
-    """The maintenance job: give back messages whose reader's lease ended."""
-    messages_sql.recover_messages()
+    """The maintenance job: give back messages whose reader's lease ended, and fail
+    those delivered MESSAGE_MAX_DELIVERIES times."""
+    messages_sql.recover_messages(max_deliveries=settings.MESSAGE_MAX_DELIVERIES)
+
+
+def revive(ids: Iterable[UUID], *, actor: str, source: str = "python") -> list[UUID]:
+    """Failed messages → pending, receivable at once with a fresh delivery budget (and
+    a fresh lifetime if theirs ran out), written to the operator audit log in the
+    same transaction. Returns the ids revived; messages in another status are left
+    alone."""
+    with transaction.atomic():
+        revived = messages_sql.revive_messages(ids=sorted(set(ids)))
+        record_revive(
+            OperatorAction.Kind.REVIVE_MESSAGES, "messages", revived, actor=actor, source=source
+        )
+    return [message_id for message_id, _ in revived]
+
+
+def record_revive(
+    action: str, what: str, revived: list[tuple[Any, str]], *, actor: str, source: str
+) -> None:
+    """The audit row of a revive of messages or deliveries (none if nothing was
+    revived): their ids, and their agent when there is one."""
+    if not revived:
+        return
+    agents = {agent for _, agent in revived}
+    audit.record(
+        actor=actor,
+        action=action,
+        source=source,
+        agent_name=agents.pop() if len(agents) == 1 else None,
+        changes={what: {"from": "failed", "to": "pending", "ids": [str(i) for i, _ in revived]}},
+    )
 
 
 def _receive(agent: str, limit: int, visibility_timeout: float) -> list[Message]:
     rows = messages_sql.receive_messages(
-        agent=agent, limit=limit, visibility_seconds=visibility_timeout
+        agent=agent,
+        limit=limit,
+        visibility_seconds=visibility_timeout,
+        max_deliveries=settings.MESSAGE_MAX_DELIVERIES,
     )
     messages = [_message(row) for row in rows]
     return sorted(messages, key=lambda m: (-m.priority, m.created_at))

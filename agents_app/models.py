@@ -149,6 +149,9 @@ class MessageStatus(models.TextChoices):
     DELIVERED = "delivered"  # received, not acknowledged: redelivered once visible again
     ACKNOWLEDGED = "acknowledged"
     EXPIRED = "expired"
+    # Delivered MESSAGE_MAX_DELIVERIES times and never acknowledged (a poison message):
+    # delivered no more until an operator revives it.
+    FAILED = "failed"
 
 
 class AgentMessage(models.Model):
@@ -182,6 +185,9 @@ class AgentMessage(models.Model):
     class Meta:
         db_table = "agent_messages"
         ordering = ["-created_at"]
+        permissions = [
+            ("revive_agentmessage", "Can revive failed messages and publication deliveries")
+        ]
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(priority__gte=1, priority__lte=10),
@@ -218,10 +224,16 @@ class AgentMessage(models.Model):
             # Retention of the finished ones; the API's listing of a mailbox.
             models.Index(
                 fields=["expires_at"],
-                condition=models.Q(status__in=["acknowledged", "expired"]),
-                name="agent_messages_done_expiry_idx",
+                condition=models.Q(status__in=["acknowledged", "expired", "failed"]),
+                name="agent_messages_end_expiry_idx",
             ),
             models.Index(fields=["to_agent", "-created_at"], name="agent_messages_listing_idx"),
+            # The failed ones, newest first (/messages/, GET /api/v1/messages?status=failed).
+            models.Index(
+                fields=["-created_at"],
+                condition=models.Q(status="failed"),
+                name="agent_messages_failed_idx",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -319,6 +331,11 @@ class PublicationDelivery(models.Model):
                 fields=["expires_at"],
                 condition=models.Q(status__in=["pending", "delivered"]),
                 name="agent_deliveries_open_exp_idx",
+            ),
+            models.Index(
+                fields=["-publication"],
+                condition=models.Q(status="failed"),
+                name="agent_deliveries_failed_idx",
             ),
         ]
 

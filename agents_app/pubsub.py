@@ -7,7 +7,8 @@ agent wants: a publisher (by id and/or type), a glob on the event name (``state.
 Publishing fans out in the same statement: one delivery per matching subscription, so
 each subscriber reads its own deliveries, in publication order, independently of the
 others, and acknowledges each with its processing result (at least once, like direct
-messages: an unacknowledged delivery comes back after the visibility timeout). A
+messages: an unacknowledged delivery comes back after the visibility timeout, and is
+failed after ``MESSAGE_MAX_DELIVERIES`` deliveries, until ``revive``). A
 subscription made after a publication does not receive it. Subscribers are woken by
 NOTIFY, with polling as the fallback.
 """
@@ -15,17 +16,20 @@ NOTIFY, with polling as the fallback.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
+from django.db import transaction
 from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from agents_app.sql import pubsub as pubsub_sql
+from task_queue.models import OperatorAction
 
 from .messaging import (
     DEFAULT_EXPIRY_SECONDS,
@@ -35,6 +39,7 @@ from .messaging import (
     check_metadata,
     check_receive,
     check_text,
+    record_revive,
     wait_for_some,
 )
 from .models import PublicationDelivery, Subscription
@@ -154,6 +159,7 @@ def receive(
             subscription=subscription,
             limit=limit,
             visibility_seconds=visibility_timeout,
+            max_deliveries=settings.MESSAGE_MAX_DELIVERIES,
         )
         return sorted((_delivery(row) for row in rows), key=lambda d: d.publication_id)
 
@@ -173,8 +179,20 @@ def acknowledge(delivery_id: int, receipt: UUID, result: Any = None) -> bool:
 
 
 def recover_leases() -> None:
-    """The maintenance job: give back deliveries whose reader's lease ended."""
-    pubsub_sql.recover_deliveries()
+    """The maintenance job: give back deliveries whose reader's lease ended, and fail
+    those made MESSAGE_MAX_DELIVERIES times."""
+    pubsub_sql.recover_deliveries(max_deliveries=settings.MESSAGE_MAX_DELIVERIES)
+
+
+def revive(ids: Iterable[int], *, actor: str, source: str = "python") -> list[int]:
+    """Failed deliveries → pending, as ``messaging.revive`` does for messages; the
+    ids revived."""
+    with transaction.atomic():
+        revived = pubsub_sql.revive_deliveries(ids=sorted(set(ids)))
+        record_revive(
+            OperatorAction.Kind.REVIVE_DELIVERIES, "deliveries", revived, actor=actor, source=source
+        )
+    return [delivery_id for delivery_id, _ in revived]
 
 
 def _delivery(row: tuple) -> Delivery:

@@ -9,6 +9,7 @@ class AutomechanicaConfig(AppConfig):
     verbose_name = "AutoMechanica"
 
     def ready(self) -> None:
-        from .checks import metrics_allowed_networks
+        from .checks import message_max_deliveries, metrics_allowed_networks
 
         checks.register(metrics_allowed_networks)
+        checks.register(message_max_deliveries)

@@ -23,3 +23,17 @@ def metrics_allowed_networks(**kwargs: Any) -> list[Error]:
                 )
             )
     return errors
+
+
+def message_max_deliveries(**kwargs: Any) -> list[Error]:
+    """Below 1, no message would ever be delivered (nor fail: it would just expire)."""
+    value = settings.MESSAGE_MAX_DELIVERIES
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return []
+    return [
+        Error(
+            f"MESSAGE_MAX_DELIVERIES: {value!r} is not a whole number of at least 1",
+            hint="How often a message may be delivered unacknowledged before it fails.",
+            id="queue.E002",
+        )
+    ]

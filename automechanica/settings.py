@@ -150,6 +150,10 @@ QUEUE_METRICS_BACKFILL_DAYS = float(os.environ.get("QUEUE_METRICS_BACKFILL_DAYS"
 # go this long after they finished; agent events (the agents' memory) after theirs.
 QUEUE_RETENTION_DAYS = float(os.environ.get("QUEUE_RETENTION_DAYS", 7))
 AGENT_EVENT_RETENTION_DAYS = float(os.environ.get("AGENT_EVENT_RETENTION_DAYS", 90))
+# Agent messaging (agents_app.messaging, agents_app.pubsub): a message or publication
+# delivery whose lease ran out this many times without an acknowledgement is failed
+# (a poison message): delivered no more until an operator revives it.
+MESSAGE_MAX_DELIVERIES = int(os.environ.get("MESSAGE_MAX_DELIVERIES", 5))
 # Agent memory (agents_app.embeddings): "hashing" (local, the default) or
 # "sentence-transformers" (all-MiniLM-L6-v2; the optional "embeddings" extra).
 AGENT_MEMORY_EMBEDDER = os.environ.get("AGENT_MEMORY_EMBEDDER", "hashing")

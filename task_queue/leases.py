@@ -175,11 +175,18 @@ def recover(lease: Lease, run: Callable[[], T]) -> T | None:
         return run()
 
 
-def recover_expired(lease: Lease, statement: str, *, now: datetime | None = None) -> int | None:
+def recover_expired(
+    lease: Lease,
+    statement: str,
+    *,
+    now: datetime | None = None,
+    params: dict[str, Any] | None = None,
+) -> int | None:
     """Run ``lease``'s recovery ``statement`` (one that gives back up to ``%(limit)s``
-    expired rows and returns them) under the lock; how many it gave back, or None
-    when another process is recovering that table."""
-    params = {"limit": RECOVERY_BATCH, "now": now}
+    expired rows and returns them, with ``params`` for its own placeholders) under the
+    lock; how many it gave back, or None when another process is recovering that
+    table."""
+    params = {**(params or {}), "limit": RECOVERY_BATCH, "now": now}
     recovered = recover(lease, lambda: fetch(statement, params))
     return None if recovered is None else len(recovered)
 

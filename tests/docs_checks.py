@@ -155,6 +155,7 @@ class CreateApiToken(Check):
     def verify(self, opts: dict[str, Any], state: None, run: Run) -> None:
         row = find_active_token(run.output.strip().splitlines()[-1])
         assert row is not None and (row.name, row.scope) == (opts["name"], opts["scope"])
+        assert row.agents == sorted(set(opts["agents"]))
 
 
 class ExportEvents(Check):

@@ -11,10 +11,13 @@ import uuid
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
+from agents_app import messaging, pubsub
+from agents_app.models import AgentMessage, Publication, PublicationDelivery, Subscription
 from automechanica.api.models import ApiToken
 from tests.support.api import Api, token
 
@@ -38,12 +41,15 @@ REQUIRED_SCOPE = {
     ("GET", "api/v1/messages"): "read",
     ("POST", "api/v1/messages/receive"): "write",
     ("POST", "api/v1/messages/<message_id>/ack"): "write",
+    ("POST", "api/v1/messages/<message_id>/revive"): "write",
     ("POST", "api/v1/publications"): "write",
     ("POST", "api/v1/publications/subscriptions"): "write",
     ("GET", "api/v1/publications/subscriptions"): "read",
     ("POST", "api/v1/publications/subscriptions/unsubscribe"): "write",
     ("POST", "api/v1/publications/receive"): "write",
     ("POST", "api/v1/publications/deliveries/<delivery_id>/ack"): "write",
+    ("GET", "api/v1/publications/deliveries"): "read",
+    ("POST", "api/v1/publications/deliveries/<delivery_id>/revive"): "write",
     ("PATCH", "api/v1/tasks/<task_id>"): "write",
     ("POST", "api/v1/tasks/<task_id>/cancel"): "write",
     ("POST", "api/v1/tasks/<task_id>/revive"): "write",
@@ -175,3 +181,136 @@ def test_create_api_token_refuses_an_unknown_scope():
     )
     assert result.returncode != 0
     assert "invalid choice: 'root'" in result.stderr
+
+
+# ------------------------------------------------------------ tokens bound to agents
+
+BOUND, OTHER = "FitmentAgent", "PricingAgent"
+MESSAGING = ("api/v1/messages", "api/v1/publications")
+
+
+def agent_calls(agent: str) -> dict[tuple[str, str], tuple[str, dict | None, str]]:
+    """(method, route) -> (path, body, the field a bound token is refused on) for every
+    messaging operation, acting as ``agent`` (on its message and delivery)."""
+    message = AgentMessage.objects.filter(to_agent=agent).values_list("id", flat=True)[0]
+    delivery = PublicationDelivery.objects.filter(subscription__subscriber_agent=agent)[0].id
+    receipt = {"receipt": str(uuid.uuid4())}
+    subscription = {"subscriber_agent": agent, "name": "states"}
+    return {
+        ("POST", "api/v1/messages"): (
+            "/api/v1/messages",
+            {"from_agent": agent, "to_agent": "SEOAgent", "message_type": "notification"},
+            "from_agent",
+        ),
+        ("GET", "api/v1/messages"): (f"/api/v1/messages?agent={agent}", None, "agent"),
+        ("POST", "api/v1/messages/receive"): ("/api/v1/messages/receive", {"agent": agent},
+                                              "agent"),
+        ("POST", "api/v1/messages/<message_id>/ack"): (
+            f"/api/v1/messages/{message}/ack", receipt, "message_id"
+        ),
+        ("POST", "api/v1/messages/<message_id>/revive"): (
+            f"/api/v1/messages/{message}/revive", None, "message_id"
+        ),
+        ("POST", "api/v1/publications"): (
+            "/api/v1/publications", {"publisher_agent": agent, "event_name": "x.y"},
+            "publisher_agent",
+        ),
+        ("POST", "api/v1/publications/subscriptions"): (
+            "/api/v1/publications/subscriptions", subscription, "subscriber_agent"
+        ),
+        ("GET", "api/v1/publications/subscriptions"): (
+            f"/api/v1/publications/subscriptions?subscriber_agent={agent}", None,
+            "subscriber_agent",
+        ),
+        ("POST", "api/v1/publications/subscriptions/unsubscribe"): (
+            "/api/v1/publications/subscriptions/unsubscribe", subscription, "subscriber_agent"
+        ),
+        ("POST", "api/v1/publications/receive"): (
+            "/api/v1/publications/receive", {"subscriber_agent": agent}, "subscriber_agent"
+        ),
+        ("GET", "api/v1/publications/deliveries"): (
+            f"/api/v1/publications/deliveries?subscriber_agent={agent}", None,
+            "subscriber_agent",
+        ),
+        ("POST", "api/v1/publications/deliveries/<delivery_id>/ack"): (
+            f"/api/v1/publications/deliveries/{delivery}/ack", receipt, "delivery_id"
+        ),
+        ("POST", "api/v1/publications/deliveries/<delivery_id>/revive"): (
+            f"/api/v1/publications/deliveries/{delivery}/revive", None, "delivery_id"
+        ),
+    }  # fmt: skip
+
+
+@pytest.fixture
+def two_agents() -> None:
+    """A message to, and a delivery for, each of BOUND and OTHER."""
+    for agent in (BOUND, OTHER):
+        messaging.send("SEOAgent", agent, "notification")
+        pubsub.subscribe(agent, "states", "state.*")
+    pubsub.publish("SEOAgent", "state.changed")
+
+
+def test_every_messaging_route_says_which_agent_field_binds_a_token(operations, two_agents):
+    messaging_routes = {op for op in operations if op[1].startswith(MESSAGING)}
+    assert messaging_routes == set(agent_calls(BOUND))
+
+
+def test_a_bound_token_acts_only_as_its_agents_and_an_unbound_one_as_any(two_agents):
+    bound = Api(token("admin", name="fitment", agents=(BOUND, "SEOAgent")))
+    for (method, route), (path, body, field) in agent_calls(OTHER).items():
+        refused = bound.call(method, path, body)
+        assert refused.status_code == 403, (method, route, refused.content)
+        answer = refused.json()
+        assert answer["code"] == "agent_not_allowed", (method, route)
+        assert [e["field"] for e in answer["field_errors"]] == [field], (method, route)
+        assert answer["details"] == {"agent": OTHER, "token_agents": [BOUND, "SEOAgent"]}
+    # Nothing was done as OTHER, nor to its mailbox or subscription.
+    assert not AgentMessage.objects.filter(from_agent=OTHER).exists()
+    assert AgentMessage.objects.get(to_agent=OTHER).status == "pending"
+    assert not Publication.objects.filter(publisher_agent=OTHER).exists()
+    assert PublicationDelivery.objects.get(subscription__subscriber_agent=OTHER).status == "pending"
+    assert Subscription.objects.get(subscriber_agent=OTHER).active
+    for (method, route), (path, body, _) in agent_calls(BOUND).items():
+        assert bound.call(method, path, body).status_code not in (401, 403), (method, route)
+    unbound = Api(token("write", name="anyone"))
+    for (method, route), (path, body, _) in agent_calls(OTHER).items():
+        assert unbound.call(method, path, body).status_code not in (401, 403), (method, route)
+
+
+def test_a_bound_tokens_listings_show_only_its_agents(two_agents):
+    bound = Api(token("read", name="fitment-reader", agents=(BOUND,)))
+    assert {m["to_agent"] for m in bound.get("/api/v1/messages").json()} == {BOUND}
+    subscriptions = bound.get("/api/v1/publications/subscriptions").json()
+    assert {s["subscriber_agent"] for s in subscriptions} == {BOUND}
+    deliveries = bound.get("/api/v1/publications/deliveries").json()
+    assert {d["subscriber_agent"] for d in deliveries} == {BOUND}
+    everyone = Api(token("read", name="reader"))
+    assert {m["to_agent"] for m in everyone.get("/api/v1/messages").json()} == {BOUND, OTHER}
+    refused = bound.post("/api/v1/messages/receive", {"agent": OTHER})
+    assert refused.status_code == 403  # read scope: the scope is checked first
+    assert refused.json()["code"] == "forbidden"
+
+
+def test_a_refused_agent_is_named_in_the_users_words():
+    fitment = Api(token("write", name="fitment", agents=(BOUND,)))
+    refused = fitment.post("/api/v1/messages", {
+        "from_agent": OTHER, "to_agent": BOUND, "message_type": "notification"})  # fmt: skip
+    assert refused.json()["message"] == (
+        "from_agent: is not one of this token's agents (token 'fitment' acts only as FitmentAgent)"
+    )
+    assert not AgentMessage.objects.exists()
+
+
+def test_create_api_token_binds_the_token_to_agents(capsys):
+    call_command("create_api_token", "fitment", "--scope", "write",
+                 "--agent", BOUND, "--agent", "SEOAgent")  # fmt: skip
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "bound to FitmentAgent, SEOAgent" in lines[0]
+    assert ApiToken.objects.get(name="fitment").agents == [BOUND, "SEOAgent"]
+    api = Api(lines[-1])
+    as_seo = {"from_agent": "SEOAgent", "to_agent": OTHER, "message_type": "notification"}
+    assert api.post("/api/v1/messages", as_seo).status_code == 201
+    assert api.post("/api/v1/messages", as_seo | {"from_agent": OTHER}).status_code == 403
+    with pytest.raises(CommandError, match="agent: must be a non-empty string"):
+        call_command("create_api_token", "blank", "--scope", "write", "--agent", " ")
+    assert not ApiToken.objects.filter(name="blank").exists()

@@ -350,3 +350,27 @@ def test_the_messages_page(users, live_servers, browser):
     assert page.inner_text('[data-mailbox="FitmentAgent"] [data-waiting]') == "4"
     assert page.inner_text('[data-subscription="Monitor/states"] [data-backlog]') == "1"
     shot(page, "messages")
+
+
+def test_a_failed_message_is_revived_from_the_messages_page(users, live_servers, browser):
+    from agents_app.messaging import send
+    from agents_app.models import AgentMessage
+
+    def poison() -> str:
+        message_id = send("PricingAgent", "FitmentAgent", "command", {"do": "crash"})
+        AgentMessage.objects.filter(id=message_id).update(status="failed", delivery_count=5)
+        User.objects.get(username="operator").user_permissions.add(
+            Permission.objects.get(codename="revive_agentmessage")
+        )
+        return str(message_id)
+
+    message_id = db(poison)
+    server = live_servers()
+    row = f'[data-failed-message="{message_id}"]'
+    viewer = log_in(browser, server, "viewer", "/messages/")
+    assert viewer.locator(row).count() == 1 and viewer.locator(f"{row} button").count() == 0
+    page = log_in(browser, server, "operator", "/messages/")
+    page.click(f"{row} button:text('Revive')")
+    page.wait_for_selector("text=revived: it will be delivered again")
+    assert page.locator(row).count() == 0
+    assert db(lambda: AgentMessage.objects.get(id=message_id).status) == "pending"

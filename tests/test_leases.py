@@ -34,6 +34,7 @@ from task_queue.sql import outcomes as outcomes_sql
 pytestmark = pytest.mark.django_db(transaction=True)
 
 LEASE_SECONDS = 10.0
+MAX_DELIVERIES = 100  # the lease tests deliver a message again and again
 
 
 @dataclass
@@ -91,7 +92,11 @@ def _job_write(owner: str, held: tuple[Any, Any], now: datetime) -> bool:
 
 def _message_take(owner: str, now: datetime) -> tuple[Any, Any] | None:
     rows = messages_sql.receive_messages(
-        agent="FitmentAgent", limit=1, visibility_seconds=LEASE_SECONDS, now=now
+        agent="FitmentAgent",
+        limit=1,
+        visibility_seconds=LEASE_SECONDS,
+        max_deliveries=MAX_DELIVERIES,
+        now=now,
     )
     return (rows[0][0], rows[0][-1]) if rows else None
 
@@ -107,6 +112,7 @@ def _delivery_take(owner: str, now: datetime) -> tuple[Any, Any] | None:
         subscription=None,
         limit=1,
         visibility_seconds=LEASE_SECONDS,
+        max_deliveries=MAX_DELIVERIES,
         now=now,
     )
     return (rows[0][0], rows[0][1]) if rows else None
@@ -132,14 +138,14 @@ TABLES = {
         lambda: messaging.send("PricingAgent", "FitmentAgent", "command", {"do": "x"}),
         _message_take,
         lambda owner, held, now: messages_sql.ack_message(*held, now=now),
-        lambda now: messages_sql.recover_messages(now=now),
+        lambda now: messages_sql.recover_messages(max_deliveries=MAX_DELIVERIES, now=now),
     ),
     "publication_deliveries": LeasedTable(
         pubsub_sql.DELIVERY_LEASE,
         _delivery_make,
         _delivery_take,
         lambda owner, held, now: pubsub_sql.ack_publication(*held, None, now=now),
-        lambda now: pubsub_sql.recover_deliveries(now=now),
+        lambda now: pubsub_sql.recover_deliveries(max_deliveries=MAX_DELIVERIES, now=now),
     ),
 }
 

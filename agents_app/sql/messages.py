@@ -1,4 +1,5 @@
-"""Direct messages between agents: send, leased mailbox reads, ack, expiry, retention."""
+"""Direct messages between agents: send, leased mailbox reads, ack, failure and revive,
+expiry, retention."""
 
 from __future__ import annotations
 
@@ -45,12 +46,15 @@ _NOW = MESSAGE_LEASE.now
 
 # A mailbox read: the visible messages of one agent, highest priority first, then
 # oldest, each leased to this reader under a new receipt. SKIP LOCKED: two readers of
-# one agent never take the same message at once.
+# one agent never take the same message at once. A message already delivered
+# %(max_deliveries)s times is not delivered again: its last lease ran out
+# unacknowledged, and recovery marks it failed.
 RECEIVE_MESSAGES = f"""
 WITH visible AS (
     SELECT id FROM agent_messages
     WHERE to_agent = %(agent)s AND status IN ('pending', 'delivered')
       AND visible_at <= {_NOW} AND expires_at > {_NOW}
+      AND delivery_count < %(max_deliveries)s
     ORDER BY priority DESC, created_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -78,7 +82,9 @@ RETURNING m.id
 def recover_statement(lease: Lease) -> str:
     """Give back up to %(limit)s rows of ``lease``'s table (messages or publication
     deliveries: the same columns) whose reader's lease ended: pending again,
-    receivable at once. Rows someone holds are skipped, never waited for."""
+    receivable at once, or failed once delivered %(max_deliveries)s times (a poison
+    message is not delivered for ever). Rows someone holds are skipped, never
+    waited for."""
     return f"""
 WITH expired AS (
     SELECT id FROM {lease.table} x
@@ -88,7 +94,9 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE {lease.table} x
-SET status = 'pending', {lease.clear()}
+SET status = CASE WHEN x.delivery_count >= %(max_deliveries)s THEN 'failed'
+                  ELSE 'pending' END,
+    {lease.clear()}
 FROM expired
 WHERE x.id = expired.id
 RETURNING x.id
@@ -117,10 +125,36 @@ RECOVER_MESSAGES = recover_statement(MESSAGE_LEASE)
 EXPIRE_MESSAGES = expire_statement(MESSAGE_LEASE)
 
 
+# An operator's revive: failed messages pending again, receivable at once, with a
+# fresh delivery budget and, if their expiry passed meanwhile, a fresh lifetime as
+# long as their first; their recipients' readers are woken. Ids locked in order, so
+# two overlapping revives do not deadlock.
+REVIVE_MESSAGES = f"""
+WITH target AS (
+    SELECT id FROM agent_messages
+    WHERE id = ANY(%(ids)s::uuid[]) AND status = 'failed'
+    ORDER BY id
+    FOR UPDATE
+),
+revived AS (
+    UPDATE agent_messages m
+    SET status = 'pending', delivery_count = 0, visible_at = {_NOW},
+        expires_at = greatest(m.expires_at, {_NOW} + (m.expires_at - m.created_at)),
+        {MESSAGE_LEASE.clear()}
+    FROM target
+    WHERE m.id = target.id
+    RETURNING m.id, m.to_agent
+)
+SELECT id, to_agent, pg_notify('{MESSAGES_CHANNEL}', to_agent) IS NULL FROM revived
+"""
+
+
+# A failed message, like an expired one, is kept QUEUE_RETENTION_DAYS after its expiry
+# (for an operator to revive); a revive gives it a new expiry.
 PRUNE_MESSAGES = """
 WITH doomed AS (
     SELECT id FROM agent_messages
-    WHERE status IN ('acknowledged', 'expired') AND expires_at < %(cutoff)s
+    WHERE status IN ('acknowledged', 'expired', 'failed') AND expires_at < %(cutoff)s
     ORDER BY expires_at
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
@@ -158,12 +192,18 @@ def send_message(
 
 
 def receive_messages(
-    *, agent: str, limit: int, visibility_seconds: float, now: datetime | None = None
+    *,
+    agent: str,
+    limit: int,
+    visibility_seconds: float,
+    max_deliveries: int,
+    now: datetime | None = None,
 ) -> list[tuple]:
     params = {
         "agent": agent,
         "limit": limit,
         "visibility_seconds": visibility_seconds,
+        "max_deliveries": max_deliveries,
         "now": now,
     }
     return fetch(RECEIVE_MESSAGES, params)
@@ -173,10 +213,16 @@ def ack_message(message_id: UUID, receipt: UUID, *, now: datetime | None = None)
     return bool(fetch(ACK_MESSAGE, {"id": message_id, "token": receipt, "now": now}))
 
 
-def recover_messages(*, now: datetime | None = None) -> int | None:
-    """Messages whose reader's lease ended, given back; how many, or None when
-    another process is recovering them right now."""
-    return leases.recover_expired(MESSAGE_LEASE, RECOVER_MESSAGES, now=now)
+def recover_messages(*, max_deliveries: int, now: datetime | None = None) -> int | None:
+    """Messages whose reader's lease ended, given back (or failed); how many, or None
+    when another process is recovering them right now."""
+    params = {"max_deliveries": max_deliveries}
+    return leases.recover_expired(MESSAGE_LEASE, RECOVER_MESSAGES, now=now, params=params)
+
+
+def revive_messages(*, ids: list[UUID], now: datetime | None = None) -> list[tuple[UUID, str]]:
+    """Failed messages among ``ids`` made pending again; (id, recipient) each."""
+    return [(row[0], row[1]) for row in fetch(REVIVE_MESSAGES, {"ids": ids, "now": now})]
 
 
 def expire_messages(*, batch: int, now: datetime | None = None) -> int:

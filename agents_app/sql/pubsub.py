@@ -65,7 +65,8 @@ SELECT (SELECT id FROM published), (SELECT count(*) FROM fanned),
 
 
 # Create or change a subscription. Reactivating a stopped one first drops deliveries
-# that a publish racing the unsubscribe left behind: it starts from now.
+# that a publish racing the unsubscribe (or a recovery failing one) left behind: it
+# starts from now.
 SUBSCRIBE = f"""
 WITH stopped AS (
     SELECT id FROM agent_subscriptions
@@ -73,7 +74,8 @@ WITH stopped AS (
 ),
 leftovers AS (
     UPDATE agent_publication_deliveries d SET status = 'expired', {DELIVERY_LEASE.clear()}
-    FROM stopped WHERE d.subscription_id = stopped.id AND d.status IN ('pending', 'delivered')
+    FROM stopped
+    WHERE d.subscription_id = stopped.id AND d.status IN ('pending', 'delivered', 'failed')
 )
 INSERT INTO agent_subscriptions (subscriber_agent, name, publisher_agent, publisher_type,
                                  event_pattern, event_like, publication_types, active)
@@ -87,7 +89,8 @@ RETURNING id
 """
 
 
-# Deactivate, and let go of what was waiting: an unsubscribed agent reads nothing more.
+# Deactivate, and let go of what was waiting or failed: an unsubscribed agent reads
+# nothing more, and has nothing to revive.
 UNSUBSCRIBE = f"""
 WITH gone AS (
     UPDATE agent_subscriptions SET active = false
@@ -96,7 +99,7 @@ WITH gone AS (
 ),
 dropped AS (
     UPDATE agent_publication_deliveries d SET status = 'expired', {DELIVERY_LEASE.clear()}
-    FROM gone WHERE d.subscription_id = gone.id AND d.status IN ('pending', 'delivered')
+    FROM gone WHERE d.subscription_id = gone.id AND d.status IN ('pending', 'delivered', 'failed')
 )
 SELECT count(*) FROM gone
 """
@@ -104,7 +107,8 @@ SELECT count(*) FROM gone
 
 # A subscriber's deliveries in publication-id order (ids are taken at insert, so one
 # committing late comes after newer ones), leased like messages (SKIP LOCKED: two
-# instances of one subscriber never hold the same delivery at once).
+# instances of one subscriber never hold the same delivery at once). As with messages,
+# a delivery made %(max_deliveries)s times is not made again: recovery fails it.
 RECEIVE_PUBLICATIONS = f"""
 WITH visible AS (
     SELECT d.id
@@ -113,7 +117,7 @@ WITH visible AS (
     WHERE s.subscriber_agent = %(subscriber)s AND s.active
       AND (%(subscription)s::text IS NULL OR s.name = %(subscription)s::text)
       AND d.status IN ('pending', 'delivered') AND d.visible_at <= {_NOW}
-      AND d.expires_at > {_NOW}
+      AND d.expires_at > {_NOW} AND d.delivery_count < %(max_deliveries)s
     ORDER BY d.publication_id
     LIMIT %(limit)s
     FOR UPDATE OF d SKIP LOCKED
@@ -141,6 +145,29 @@ RECOVER_DELIVERIES = recover_statement(DELIVERY_LEASE)
 # Retention: deliveries whose publication's time to live ran out leave the backlog,
 # and publications go with their deliveries QUEUE_RETENTION_DAYS later.
 EXPIRE_DELIVERIES = expire_statement(DELIVERY_LEASE)
+
+
+# An operator's revive, as for messages (agents_app.sql.messages.REVIVE_MESSAGES): a
+# fresh lifetime is as long as the publication's time to live.
+REVIVE_DELIVERIES = f"""
+WITH target AS (
+    SELECT d.id, p.expires_at - p.created_at AS ttl
+    FROM agent_publication_deliveries d JOIN agent_publications p ON p.id = d.publication_id
+    WHERE d.id = ANY(%(ids)s::bigint[]) AND d.status = 'failed'
+    ORDER BY d.id
+    FOR UPDATE OF d
+),
+revived AS (
+    UPDATE agent_publication_deliveries d
+    SET status = 'pending', delivery_count = 0, visible_at = {_NOW},
+        expires_at = greatest(d.expires_at, {_NOW} + target.ttl), {DELIVERY_LEASE.clear()}
+    FROM target, agent_subscriptions s
+    WHERE d.id = target.id AND s.id = d.subscription_id
+    RETURNING d.id, s.subscriber_agent
+)
+SELECT id, subscriber_agent, pg_notify('{PUBLICATIONS_CHANNEL}', subscriber_agent) IS NULL
+FROM revived
+"""
 
 
 PRUNE_PUBLICATIONS = """
@@ -176,6 +203,7 @@ def receive_publications(
     subscription: str | None,
     limit: int,
     visibility_seconds: float,
+    max_deliveries: int,
     now: datetime | None = None,
 ) -> list[tuple]:
     params = {
@@ -183,6 +211,7 @@ def receive_publications(
         "subscription": subscription,
         "limit": limit,
         "visibility_seconds": visibility_seconds,
+        "max_deliveries": max_deliveries,
         "now": now,
     }
     return fetch(RECEIVE_PUBLICATIONS, params)
@@ -195,10 +224,16 @@ def ack_publication(
     return bool(fetch(ACK_PUBLICATION, params))
 
 
-def recover_deliveries(*, now: datetime | None = None) -> int | None:
-    """Deliveries whose reader's lease ended, given back; how many, or None when
-    another process is recovering them right now."""
-    return leases.recover_expired(DELIVERY_LEASE, RECOVER_DELIVERIES, now=now)
+def recover_deliveries(*, max_deliveries: int, now: datetime | None = None) -> int | None:
+    """Deliveries whose reader's lease ended, given back (or failed); how many, or
+    None when another process is recovering them right now."""
+    params = {"max_deliveries": max_deliveries}
+    return leases.recover_expired(DELIVERY_LEASE, RECOVER_DELIVERIES, now=now, params=params)
+
+
+def revive_deliveries(*, ids: list[int], now: datetime | None = None) -> list[tuple[int, str]]:
+    """Failed deliveries among ``ids`` made pending again; (id, subscriber) each."""
+    return [(row[0], row[1]) for row in fetch(REVIVE_DELIVERIES, {"ids": ids, "now": now})]
 
 
 def expire_deliveries(*, batch: int, now: datetime | None = None) -> int:

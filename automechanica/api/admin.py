@@ -11,10 +11,14 @@ class ApiTokenAdmin(admin.ModelAdmin):
     """Tokens are created by ``manage.py create_api_token`` (the token is shown once);
     here they are listed and revoked."""
 
-    list_display = ["name", "scope", "prefix", "created_at", "last_used_at", "revoked_at"]
+    list_display = [
+        "name", "scope", "agents", "prefix", "created_at", "last_used_at", "revoked_at"
+    ]  # fmt: skip
     list_filter = ["scope", ("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["name", "prefix"]
-    readonly_fields = ["name", "scope", "prefix", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = [
+        "name", "scope", "agents", "prefix", "created_at", "last_used_at", "revoked_at"
+    ]  # fmt: skip
     exclude = ["token_hash"]
     actions = ["revoke"]
 

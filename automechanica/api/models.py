@@ -1,5 +1,6 @@
 """API tokens: who may call the HTTP API, and how much they may do."""
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models.functions import Now
 
@@ -34,6 +35,9 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(db_default=Now())
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # The agents this token may act as in agent messaging (send, read a mailbox or a
+    # subscription, acknowledge, revive); empty: any agent (automechanica.api.agents).
+    agents = ArrayField(models.TextField(), default=list, blank=True)
 
     class Meta:
         db_table = "api_tokens"
@@ -46,7 +50,8 @@ class ApiToken(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.name} ({self.scope}, {self.prefix}…)"
+        bound = f", as {', '.join(self.agents)}" if self.agents else ""
+        return f"{self.name} ({self.scope}{bound}, {self.prefix}…)"
 
     @property
     def actor(self) -> str:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Sequence
 from datetime import timedelta
 
 from django.utils import timezone
+
+from agents_app.messaging import check_text
 
 from .models import ApiToken, Scope
 
@@ -19,15 +22,23 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def create_token(name: str, scope: str) -> tuple[ApiToken, str]:
-    """A new token for ``name``; returns the row and the token, which is not stored."""
+def create_token(name: str, scope: str, agents: Sequence[str] = ()) -> tuple[ApiToken, str]:
+    """A new token for ``name``, bound to ``agents`` if any (it may then send and read
+    agent messages only as them); returns the row and the token, which is not stored."""
     if not name.strip():
         raise ValueError("the token needs a name")
     if scope not in Scope.values:
         raise ValueError(f"scope must be one of {', '.join(Scope.values)}, not {scope!r}")
+    for agent in agents:
+        check_text("agent", agent, required=True)  # InvalidMessage is a ValueError
+    agents = sorted(set(agents))
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     row = ApiToken.objects.create(
-        name=name.strip(), scope=scope, prefix=token[:10], token_hash=hash_token(token)
+        name=name.strip(),
+        scope=scope,
+        prefix=token[:10],
+        token_hash=hash_token(token),
+        agents=agents,
     )
     return row, token
 

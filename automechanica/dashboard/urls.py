@@ -36,6 +36,12 @@ urlpatterns = [
     path("workflows/<uuid:workflow_id>/", views.workflow_detail, name="workflow"),
     path("audit/", views.audit, name="audit"),
     path("messages/", mailboxes.mailboxes, name="mailboxes"),
+    path("messages/<uuid:message_id>/revive/", mailboxes.revive_message, name="revive_message"),
+    path(
+        "messages/deliveries/<int:delivery_id>/revive/",
+        mailboxes.revive_delivery,
+        name="revive_delivery",
+    ),
     path("reports/daily/", reports.daily_reports, name="daily_reports"),
     path("reports/daily/run/", reports.run_daily_report, name="run_daily_report"),
     path("reports/daily/<str:day>/", reports.daily_report, name="daily_report"),

@@ -21,6 +21,10 @@ class OperatorAction(models.Model):
         RUN_NOW = "run_now", "Run now"
         PAUSE = "pause", "Pause agent"
         RESUME = "resume", "Resume agent"
+        # Agent messaging (agents_app): failed messages or publication deliveries made
+        # deliverable again; ``changes`` names them.
+        REVIVE_MESSAGES = "revive_messages", "Revive messages"
+        REVIVE_DELIVERIES = "revive_deliveries", "Revive publication deliveries"
 
     actor = models.TextField()  # "user:alice", "token:orchestrator"
     action = models.TextField(choices=Kind.choices)

@@ -46,8 +46,9 @@ class Api:
         return self.call("PATCH", path, body)
 
 
-def token(scope: Scope | str, name: str | None = None) -> str:
-    return create_token(name or f"test-{scope}", str(scope))[1]
+def token(scope: Scope | str, name: str | None = None, agents: tuple[str, ...] = ()) -> str:
+    """A new token; bound to ``agents`` if any (it then acts only as them in messaging)."""
+    return create_token(name or f"test-{scope}", str(scope), agents)[1]
 
 
 def field_names(response) -> list[str]:

@@ -1,4 +1,6 @@
-"""``/api/v1/messages``: direct messages between agents (``agents_app.messaging``)."""
+"""``/api/v1/messages``: direct messages between agents (``agents_app.messaging``).
+
+A token bound to agents acts only as them (``automechanica.api.agents``)."""
 
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ from pydantic import Field
 from agents_app import messaging
 from agents_app.models import AgentMessage
 
+from ..agents import own, require_agent
 from ..auth import READ, WRITE
 from ..errors import ERROR_RESPONSES, ApiError
-from ..schemas import (
+from ..messaging_schemas import (
     AgentName,
     DeliveredMessageOut,
     MessageAck,
@@ -33,6 +36,7 @@ router = Router(tags=["agent messages"])
 @router.post("/messages", auth=WRITE, response={201: MessageOut, **ERROR_RESPONSES})
 def send_message(request: HttpRequest, body: MessageSend):
     """Send a message to an agent's mailbox; its readers wake at once."""
+    require_agent(request, "from_agent", body.from_agent)
     message_id = messaging.send(
         body.from_agent,
         body.to_agent,
@@ -54,6 +58,7 @@ def receive_messages(request: HttpRequest, body: MessageReceive):
     """Lease up to ``limit`` of the agent's messages, highest priority first, then
     oldest. Acknowledge each with its receipt within the visibility timeout, or it is
     delivered again."""
+    require_agent(request, "agent", body.agent)
     messages = messaging.receive(
         body.agent, limit=body.limit, visibility_timeout=body.visibility_timeout_seconds
     )
@@ -67,9 +72,7 @@ def ack_message(request: HttpRequest, message_id: UUID, body: MessageAck):
     """Mark a delivered message processed. 409 when the receipt is not the current
     delivery's (its lease ran out and it was given back or went to another reader,
     or it is done)."""
-    message = AgentMessage.objects.filter(id=message_id).first()
-    if message is None:
-        raise ApiError.not_found("message")
+    _addressed_to_own_agent(request, message_id)
     if not messaging.acknowledge(message_id, body.receipt):
         raise ApiError.stale_receipt("message")
     return {"acknowledged": True}
@@ -84,8 +87,11 @@ def list_messages(
     correlation_id: Annotated[AgentName | None, Query()] = None,
     limit: Annotated[int, Field(ge=1, le=500)] = 100,
 ):
-    """Messages newest first, for inspection (reading a mailbox is ``receive``)."""
-    messages = AgentMessage.objects.all()
+    """Messages newest first, for inspection (reading a mailbox is ``receive``); those
+    ``failed`` wait for a revive. A bound token sees its agents' mailboxes only."""
+    if agent is not None:
+        require_agent(request, "agent", agent)
+    messages = own(request, AgentMessage.objects.all(), "to_agent")
     for field, value in (
         ("to_agent", agent),
         ("status", status),
@@ -95,3 +101,28 @@ def list_messages(
         if value is not None:
             messages = messages.filter(**{field: value})
     return list(messages.order_by("-created_at")[:limit])
+
+
+@router.post(
+    "/messages/{message_id}/revive", auth=WRITE, response={200: MessageOut, **ERROR_RESPONSES}
+)
+def revive_message(request: HttpRequest, message_id: UUID):
+    """Make a failed message (delivered ``MESSAGE_MAX_DELIVERIES`` times, never
+    acknowledged) receivable again, with a fresh delivery budget; audit-logged. 409
+    when it is not failed."""
+    message = _addressed_to_own_agent(request, message_id)
+    if not messaging.revive([message_id], actor=request.auth.actor, source="api"):
+        message.refresh_from_db()
+        raise ApiError.wrong_status("message", message.status, "revive")
+    message.refresh_from_db()
+    return message
+
+
+def _addressed_to_own_agent(request: HttpRequest, message_id: UUID) -> AgentMessage:
+    """The message (404 if none), if the token may act as its recipient (else 403)."""
+    message = AgentMessage.objects.filter(id=message_id).first()
+    if message is None:
+        raise ApiError.not_found("message")
+    why = f"is addressed to {message.to_agent!r}, not one of this token's agents"
+    require_agent(request, "message_id", message.to_agent, why)
+    return message
