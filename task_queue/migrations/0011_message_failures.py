@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("queue", "0009_workflow_moves_to_the_queue"),
+        ("queue", "0010_payload_search_index"),
     ]
 
     operations = [
