@@ -48,10 +48,6 @@ PARTIAL = ".partial-"  # a blob being written (AtomicFileSystemStorage)
 _REF = re.compile(r"sha256-[0-9a-f]{64}")
 
 
-class PayloadBlobError(Exception):
-    """A payload's blob could not be read."""
-
-
 class TooLarge(ValueError):
     """A JSON value is larger than ``QUEUE_MAX_PAYLOAD_BYTES``."""
 
@@ -59,6 +55,10 @@ class TooLarge(ValueError):
         super().__init__(f"is {size} bytes as JSON; the limit is {limit}")
         self.size = size
         self.limit = limit
+
+
+class PayloadBlobError(Exception):
+    """A payload's blob could not be read."""
 
 
 class PayloadBlobMissing(PayloadBlobError):

@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agents_app import messaging
-from task_queue import blob_collection, blobs, maintenance, operations
+from task_queue import blob_collection, blobs, operations
 from task_queue.models import Task
 from task_queue.sql import locks
 from tests.support.waiting import wait_for
@@ -57,11 +57,6 @@ def test_the_grace_period_is_a_setting(blob_dir, settings):
     assert blob_collection.collect(now=timezone.now() + LATER) == 0
     settings.PAYLOAD_BLOB_GRACE_SECONDS = 0
     assert blob_collection.collect() == 1 and not stored(blob_dir)
-
-
-def test_the_maintenance_loop_runs_it():
-    [job] = [job for job in maintenance.registered() if job.name == "blob collection"]
-    assert job.every_seconds == blob_collection.EVERY_SECONDS
 
 
 @pytest.mark.django_db(transaction=True)

@@ -8,6 +8,9 @@ import json
 import secrets
 import threading
 import tracemalloc
+import urllib.parse
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -20,6 +23,8 @@ from task_queue.models import Task, TaskStatus, Workflow
 from task_queue.outcomes import OutcomeWriter
 from tests.support.api import Api, token
 from tests.support.queue import OWNER, claimed_and_started, complete_pending
+from workflows.orchestrator.definitions import parse
+from workflows.orchestrator.driver import Orchestrator
 
 MIB = 1024 * 1024
 
@@ -154,3 +159,50 @@ def test_every_json_value_a_client_fills_is_capped(settings):
     response = Api(token("write")).post("/api/v1/workflows", {"name": "w", "metadata": too_large})
     assert response.status_code == 413
     assert json.loads(response.content)["field_errors"][0]["field"] == "metadata"
+
+
+class InProcessClient:
+    """The orchestrator's API client calls, through the API in this process."""
+
+    def __init__(self) -> None:
+        self.api = Api(token("write"))
+
+    def get(self, path: str, **params: Any) -> Any:
+        query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
+        return self.api.get(f"{path}?{query}" if query else path).json()
+
+    def post(self, path: str, body: Any = None) -> Any:
+        return self.api.post(path, body).json()
+
+    def patch(self, path: str, body: Any) -> Any:
+        return self.api.patch(path, body).json()
+
+    def pages(self, path: str, **params: Any) -> Iterator[dict[str, Any]]:
+        page = self.get(path, **params, limit=500)
+        assert page["next_cursor"] is None
+        yield from page["items"]
+
+
+@pytest.mark.django_db
+def test_the_orchestrator_reads_what_lists_leave_out():
+    """Its workflow's metadata (the input) and a step's result are over what lists
+    carry: the orchestrator reads them from the workflow's and the task's own GET."""
+    definition = parse({
+        "name": "large",
+        "steps": [
+            {"name": "first", "agent_name": "EchoAgent", "task_type": "echo",
+             "payload": {"text": "$input.text"}},
+            {"name": "second", "agent_name": "EchoAgent", "task_type": "echo",
+             "depends_on": ["first"], "payload": {"got": "$steps.first.result.text"}},
+        ],
+    })  # fmt: skip
+    text = "t" * 10_000
+    driver = Orchestrator(InProcessClient())
+    workflow = driver.start(definition, {"text": text})
+    complete_pending("EchoAgent", {"text": text})
+    [listed] = driver.client.get("/api/v1/tasks", workflow_id=workflow)["items"]
+    assert listed["omitted"] == ["payload", "result"]
+
+    assert driver.run_once() == 1
+    second = Task.objects.get(idempotency_key__endswith=":second")
+    assert second.payload == {"got": text}
