@@ -8,11 +8,12 @@ class AgentsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from task_queue import maintenance
+        from task_queue import blob_collection, maintenance
         from task_queue import retention as queue_retention
         from task_queue.sql import outcomes as outcomes_sql
 
         from . import analytics, messaging, pubsub, retention
+        from .sql import blobs as blobs_sql
         from .sql import memory as memory_sql
 
         # The queue cannot import this app: it runs what the app registers.
@@ -23,3 +24,4 @@ class AgentsConfig(AppConfig):
         queue_retention.register("agent events", retention.prune_agent_events)
         queue_retention.register("messages", retention.prune_messages)
         queue_retention.register("publications", retention.prune_publications)
+        blob_collection.register("agents", blobs_sql.referenced_by_agents)

@@ -96,20 +96,24 @@ def send(
         raise InvalidMessage("priority", "must be an integer from 1 to 10")
     check_lifetime("expires_in", expires_in)
     check_metadata(metadata)
-    text = as_json("payload", {} if payload is None else payload)
-    payload_json, payload_ref = blobs.offload(text)
-    return messages_sql.send_message(
-        from_agent=from_agent,
-        to_agent=to_agent,
-        message_type=message_type,
-        payload=payload_json,
-        payload_ref=payload_ref,
-        priority=priority,
-        correlation_id=correlation_id,
-        reply_to=reply_to,
-        metadata=as_json("metadata", metadata or {}),
-        expires_in=float(expires_in),
-    )
+    payload_text = as_json("payload", {} if payload is None else payload)
+    metadata_text = as_json("metadata", metadata or {})
+    with transaction.atomic():  # the blobs' locks last until the row commits
+        payload_json, payload_ref = blobs.offload(payload_text)
+        metadata_json, metadata_ref = blobs.offload(metadata_text)
+        return messages_sql.send_message(
+            from_agent=from_agent,
+            to_agent=to_agent,
+            message_type=message_type,
+            payload=payload_json,
+            payload_ref=payload_ref,
+            priority=priority,
+            correlation_id=correlation_id,
+            reply_to=reply_to,
+            metadata=metadata_json,
+            metadata_ref=metadata_ref,
+            expires_in=float(expires_in),
+        )
 
 
 def reply(to: Message, from_agent: str, payload: Any = None, **options: Any) -> UUID:
@@ -226,8 +230,9 @@ def _receive(agent: str, limit: int, visibility_timeout: float) -> list[Message]
 def _message(row: tuple) -> Message:
     values = list(row)
     payload, payload_ref = json.loads(values.pop(4)), values.pop(4)  # jsonb comes as text
-    values[7] = json.loads(values[7])
+    values[7], metadata_ref = json.loads(values[7]), values.pop(8)
     try:
+        values[7] = blobs.payload_of(values[7], metadata_ref)
         payload = blobs.payload_of(payload, payload_ref)
     except blobs.PayloadBlobError as error:
         # The reader gets the message and the reason; acknowledging it ends it.
@@ -265,9 +270,6 @@ def as_json(field: str, value: Any) -> str:
     """``value`` as JSON text jsonb accepts and within QUEUE_MAX_PAYLOAD_BYTES, or
     InvalidMessage naming ``field``."""
     try:
-        text = storable_json(value)
-    except ValueError as error:
+        return blobs.check_size(storable_json(value))
+    except ValueError as error:  # blobs.TooLarge too
         raise InvalidMessage(field, str(error)) from None
-    if len(text.encode()) > settings.QUEUE_MAX_PAYLOAD_BYTES:
-        raise InvalidMessage(field, f"is larger than {settings.QUEUE_MAX_PAYLOAD_BYTES} bytes")
-    return text

@@ -42,6 +42,9 @@ class AgentEvent(models.Model):
     event_type = models.TextField()
     content = models.TextField()
     data = models.JSONField(default=dict)
+    # The task's result when it is a blob (task_queue.blobs): the event references it
+    # rather than copying it into data.
+    result_ref = models.TextField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     # The content's embedding (agents_app.embeddings), filled by the embedding worker.
     embedding = VectorField(dimensions=DIMENSIONS, null=True, blank=True)
@@ -60,6 +63,12 @@ class AgentEvent(models.Model):
                 m=16,
                 ef_construction=64,
                 opclasses=["vector_cosine_ops"],
+            ),
+            # The blob collector's reference checks (task_queue.blob_collection).
+            models.Index(
+                fields=["result_ref"],
+                condition=models.Q(result_ref__isnull=False),
+                name="agent_events_result_ref_idx",
             ),
         ]
 
@@ -173,6 +182,7 @@ class AgentMessage(models.Model):
     correlation_id = models.TextField(null=True, blank=True)
     reply_to = models.TextField(null=True, blank=True)  # the agent a response goes to
     metadata = models.JSONField(default=dict, blank=True)
+    metadata_ref = models.TextField(null=True, blank=True)  # as payload_ref, for metadata
     created_at = models.DateTimeField(db_default=Now())
     expires_at = models.DateTimeField()
     # When a receiver may have it (again): creation, then the end of each lease.
@@ -203,6 +213,16 @@ class AgentMessage(models.Model):
             ),
         ]
         indexes = [
+            models.Index(
+                fields=["payload_ref"],
+                condition=models.Q(payload_ref__isnull=False),
+                name="agent_messages_payload_ref_idx",
+            ),
+            models.Index(
+                fields=["metadata_ref"],
+                condition=models.Q(metadata_ref__isnull=False),
+                name="agent_messages_meta_ref_idx",
+            ),
             # A mailbox in delivery order: priority, then arrival.
             models.Index(
                 "to_agent",
@@ -250,14 +270,29 @@ class Publication(models.Model):
     publication_type = models.TextField(default="event")  # status_change, event, metric, …
     event_name = models.TextField()  # category.action, e.g. state.changed
     payload = models.JSONField(default=dict)
+    # Too large for the row: their blobs (task_queue.blobs); the value is then {}.
+    payload_ref = models.TextField(null=True, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
+    metadata_ref = models.TextField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     expires_at = models.DateTimeField()
 
     class Meta:
         db_table = "agent_publications"
         ordering = ["-id"]
-        indexes = [models.Index(fields=["expires_at"], name="agent_publications_expiry_idx")]
+        indexes = [
+            models.Index(fields=["expires_at"], name="agent_publications_expiry_idx"),
+            models.Index(
+                fields=["payload_ref"],
+                condition=models.Q(payload_ref__isnull=False),
+                name="agent_pubs_payload_ref_idx",
+            ),
+            models.Index(
+                fields=["metadata_ref"],
+                condition=models.Q(metadata_ref__isnull=False),
+                name="agent_pubs_meta_ref_idx",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.event_name} by {self.publisher_agent} #{self.pk}"
@@ -312,6 +347,7 @@ class PublicationDelivery(models.Model):
     receipt = models.UUIDField(null=True, blank=True)
     acknowledged_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)  # what the subscriber made of it
+    result_ref = models.TextField(null=True, blank=True)  # a result too large: its blob
 
     class Meta:
         db_table = "agent_publication_deliveries"
@@ -327,6 +363,11 @@ class PublicationDelivery(models.Model):
         ]
         indexes = [
             models.Index(fields=["publication"], name="agent_deliveries_pub_idx"),
+            models.Index(
+                fields=["result_ref"],
+                condition=models.Q(result_ref__isnull=False),
+                name="agent_deliv_result_ref_idx",
+            ),
             models.Index(
                 fields=["expires_at"],
                 condition=models.Q(status__in=["pending", "delivered"]),

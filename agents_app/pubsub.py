@@ -29,6 +29,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from agents_app.sql import pubsub as pubsub_sql
+from task_queue import blobs
 from task_queue.models import OperatorAction
 
 from .messaging import (
@@ -58,10 +59,11 @@ class Delivery:
     publisher_type: str | None
     publication_type: str
     event_name: str
-    payload: Any
+    payload: Any  # read from its blob when it was too large for the row
     metadata: dict[str, Any]
     published_at: datetime
     expires_at: datetime
+    payload_error: str | None = None  # why the payload could not be read (a lost blob)
 
 
 def glob_to_like(pattern: str) -> str:
@@ -88,15 +90,22 @@ def publish(
     check_text("publisher_type", publisher_type)
     check_lifetime("ttl", ttl)
     check_metadata(metadata)
-    return pubsub_sql.publish(
-        publisher_agent=publisher,
-        publisher_type=publisher_type,
-        publication_type=publication_type,
-        event_name=event_name,
-        payload=as_json("payload", {} if payload is None else payload),
-        metadata=as_json("metadata", metadata or {}),
-        ttl=float(ttl),
-    )
+    payload_text = as_json("payload", {} if payload is None else payload)
+    metadata_text = as_json("metadata", metadata or {})
+    with transaction.atomic():  # the blobs' locks last until the row commits
+        payload_json, payload_ref = blobs.offload(payload_text)
+        metadata_json, metadata_ref = blobs.offload(metadata_text)
+        return pubsub_sql.publish(
+            publisher_agent=publisher,
+            publisher_type=publisher_type,
+            publication_type=publication_type,
+            event_name=event_name,
+            payload=payload_json,
+            payload_ref=payload_ref,
+            metadata=metadata_json,
+            metadata_ref=metadata_ref,
+            ttl=float(ttl),
+        )
 
 
 def subscribe(
@@ -174,8 +183,12 @@ def ack(delivery: Delivery, result: Any = None) -> bool:
 
 def acknowledge(delivery_id: int, receipt: UUID, result: Any = None) -> bool:
     """``ack`` by id and receipt (what the HTTP API receives)."""
-    result_json = None if result is None else as_json("result", result)
-    return pubsub_sql.ack_publication(delivery_id, receipt, result_json)
+    if result is None:
+        return pubsub_sql.ack_publication(delivery_id, receipt, None, None)
+    result_text = as_json("result", result)
+    with transaction.atomic():  # the blob's lock lasts until the row commits
+        result_json, result_ref = blobs.offload(result_text, empty=None)
+        return pubsub_sql.ack_publication(delivery_id, receipt, result_json, result_ref)
 
 
 def recover_leases() -> None:
@@ -197,7 +210,14 @@ def revive(ids: Iterable[int], *, actor: str, source: str = "python") -> list[in
 
 def _delivery(row: tuple) -> Delivery:
     values = list(row)
+    metadata_ref, payload_ref = values.pop(), values.pop()
     values[9], values[10] = json.loads(values[9]), json.loads(values[10])  # jsonb as text
+    try:
+        values[9] = blobs.payload_of(values[9], payload_ref)
+        values[10] = blobs.payload_of(values[10], metadata_ref)
+    except blobs.PayloadBlobError as error:
+        # The subscriber gets the delivery and the reason; acknowledging it ends it.
+        return Delivery(*values, payload_error=str(error))
     return Delivery(*values)
 
 

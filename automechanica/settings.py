@@ -167,6 +167,9 @@ QUEUE_MAX_PAYLOAD_BYTES = int(os.environ.get("QUEUE_MAX_PAYLOAD_BYTES", 16 * 102
 # Payloads larger than this are stored content-addressed in the "payloads" storage
 # (task_queue.blobs); the row keeps the reference.
 PAYLOAD_BLOB_THRESHOLD_BYTES = int(os.environ.get("PAYLOAD_BLOB_THRESHOLD_BYTES", 64 * 1024))
+# A blob no row references is deleted (task_queue.blob_collection) once it is older
+# than this: never one written in the last hour.
+PAYLOAD_BLOB_GRACE_SECONDS = float(os.environ.get("PAYLOAD_BLOB_GRACE_SECONDS", 3600))
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},

@@ -114,7 +114,7 @@ class TaskHistoryInline(admin.TabularInline):
 
 
 MAIN_FIELDS = ["id", "agent_name", "task_type", "status", "priority", "workflow", "payload",
-               "result", "error_info"]  # fmt: skip
+               "payload_ref", "result", "result_ref", "error_info"]  # fmt: skip
 LEASE_FIELDS = ["attempts", "max_attempts", "available_at", "lease_owner", "lease_token",
                 "lease_expires_at", "cancel_requested_at"]  # fmt: skip
 TIME_FIELDS = ["idempotency_key", "trace_id", "created_at", "started_at", "finished_at",
@@ -139,6 +139,11 @@ class TaskAdmin(ReadOnlyAdmin):
         ("Attempts and lease", {"fields": LEASE_FIELDS}),
         ("Identity and times", {"fields": TIME_FIELDS}),
     ]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        # The list shows neither payload nor result (up to 64 KiB each in the row);
+        # one task's page reads them when it shows them.
+        return super().get_queryset(request).defer("payload", "result")
 
     @admin.display(description="id")
     def short_id(self, task: Task) -> str:

@@ -1,17 +1,30 @@
-"""Large payloads, stored content-addressed (seed 004) through Django's storage API.
+"""Large JSON values, stored content-addressed (seed 004) through Django's storage API.
 
-A task's or message's payload whose JSON is larger than
-``PAYLOAD_BLOB_THRESHOLD_BYTES`` is written to the ``payloads`` storage under its
-SHA-256 (``sha256-<hex>``); the row keeps that reference in ``payload_ref`` and an
-empty ``payload``. Readers (the worker, the API, message receivers) get the payload
-back through :func:`payload_of`. A blob that is missing or does not match its hash
-raises :class:`PayloadBlobMissing`, which the worker records as that task's failure;
-a storage that fails to answer, :class:`PayloadBlobUnavailable`, a retried failure.
+Every JSON value a client or an agent fills (a task's payload and result, a
+workflow's metadata, a message's payload and metadata, a publication's payload and
+metadata, a delivery's result) follows the same rules: larger than
+``QUEUE_MAX_PAYLOAD_BYTES`` as JSON, it is refused (:func:`check_size`); larger than
+``PAYLOAD_BLOB_THRESHOLD_BYTES``, it is written to the ``payloads`` storage under its
+SHA-256 (``sha256-<hex>``) and the row keeps that reference in the column's ``_ref``
+companion (``payload_ref``, ``result_ref``, ``metadata_ref``) instead of the value
+(:func:`offload`). Readers get the value back through :func:`payload_of`. A blob that
+is missing or does not match its hash raises :class:`PayloadBlobMissing`, which the
+worker records as that task's failure; a storage that fails to answer,
+:class:`PayloadBlobUnavailable`, a retried failure.
 
-Blobs are not collected: one whose tasks and messages are gone stays in storage.
-
-The blob is written before the row's transaction commits: a rolled-back enqueue
-leaves an unreferenced blob behind, never a row without its blob.
+Blobs no row references any more are deleted by the maintenance loop
+(``task_queue.blob_collection``), once older than ``PAYLOAD_BLOB_GRACE_SECONDS``.
+What makes that safe against a transaction about to reference a blob: such a
+transaction writes (or finds) the blob only through :func:`offload` or
+:func:`keep`, which first take the blob's advisory lock *shared*
+(``task_queue.sql.locks.BLOBS``) and hold it until the transaction ends. The
+collector takes a blob's lock *exclusively*, without waiting, and only then looks for
+references and deletes. So either the writer got its lock first (the collector skips
+the blob; by the time the lock is free the reference is committed, or rolled back and
+the blob is unreferenced again), or the collector did (the writer waits, then finds
+the blob gone and writes it again). A blob is written before the row's transaction
+commits: a rolled-back transaction leaves an unreferenced blob behind (collected
+later), never a row without its blob.
 """
 
 from __future__ import annotations
@@ -26,9 +39,22 @@ from typing import Any
 from django.conf import settings
 from django.core.files.base import ContentFile, File
 from django.core.files.storage import FileSystemStorage, Storage, storages
+from django.db import connection
+
+from task_queue.sql import locks
 
 PREFIX = "sha256-"
+PARTIAL = ".partial-"  # a blob being written (AtomicFileSystemStorage)
 _REF = re.compile(r"sha256-[0-9a-f]{64}")
+
+
+class TooLarge(ValueError):
+    """A JSON value is larger than ``QUEUE_MAX_PAYLOAD_BYTES``."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"is {size} bytes as JSON; the limit is {limit}")
+        self.size = size
+        self.limit = limit
 
 
 class PayloadBlobError(Exception):
@@ -45,31 +71,62 @@ class PayloadBlobUnavailable(PayloadBlobError):
     retries the task with backoff."""
 
 
-def _storage() -> Storage:
+def storage() -> Storage:
     return storages["payloads"]
 
 
-def _name(ref: str) -> str:
+def name_of(ref: str) -> str:
+    """The blob's name in the storage."""
     # Two hex digits of fan-out keep directories small on a filesystem.
     return f"{ref[len(PREFIX) : len(PREFIX) + 2]}/{ref}"
 
 
+def is_ref(text: str) -> bool:
+    return _REF.fullmatch(text) is not None
+
+
+def reference(data: bytes) -> str:
+    return PREFIX + hashlib.sha256(data).hexdigest()
+
+
+def check_size(json_text: str) -> str:
+    """``json_text`` if it is within ``QUEUE_MAX_PAYLOAD_BYTES``; :class:`TooLarge` if not."""
+    size, limit = len(json_text.encode()), settings.QUEUE_MAX_PAYLOAD_BYTES
+    if size > limit:
+        raise TooLarge(size, limit)
+    return json_text
+
+
 def put(data: bytes) -> str:
-    """Store ``data`` (once: equal content, equal name); returns its reference."""
-    ref = PREFIX + hashlib.sha256(data).hexdigest()
-    storage, name = _storage(), _name(ref)
+    """Store ``data`` (once: equal content, equal name); returns its reference.
+
+    Nothing keeps the blob from the collector: a row that will reference it must get
+    it through :func:`keep` (or :func:`offload`) in its own transaction."""
+    ref = reference(data)
+    storage_, name = storage(), name_of(ref)
     # A blob cut short (a disk filled up) is written again, not trusted by name.
-    if not storage.exists(name) or storage.size(name) != len(data):
-        storage.save(name, ContentFile(data))
+    if not storage_.exists(name) or storage_.size(name) != len(data):
+        storage_.save(name, ContentFile(data))
     return ref
+
+
+def keep(data: bytes) -> str:
+    """Store ``data`` for a row the current transaction is writing; its reference.
+
+    The blob's lock is held (shared) from before the blob is looked for until the
+    transaction ends, so the collector cannot delete it in between (module docstring)."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("blobs.keep needs the transaction that writes the reference")
+    locks.share_blob_locks([reference(data)])
+    return put(data)
 
 
 def get(ref: str) -> bytes:
     """The blob's bytes, checked against its hash."""
-    if not _REF.fullmatch(ref):
+    if not is_ref(ref):
         raise PayloadBlobMissing(f"payload reference {ref!r} is not sha256-<64 hex digits>")
     try:
-        with _storage().open(_name(ref), "rb") as f:
+        with storage().open(name_of(ref), "rb") as f:
             data = f.read()
     except FileNotFoundError:
         raise PayloadBlobMissing(f"payload blob {ref} is missing from storage") from None
@@ -80,16 +137,21 @@ def get(ref: str) -> bytes:
     return data
 
 
-def offload(payload_json: str) -> tuple[str, str | None]:
-    """(payload JSON to keep in the row, blob reference or None) for a payload."""
-    data = payload_json.encode()
-    if len(data) <= settings.PAYLOAD_BLOB_THRESHOLD_BYTES:
-        return payload_json, None
-    return "{}", put(data)
+def offload(json_text: str, *, empty: str | None = "{}") -> tuple[str | None, str | None]:
+    """(JSON to keep in the row, blob reference or None) for a value the current
+    transaction writes: over the blob threshold, ``empty`` and the blob (:func:`keep`)."""
+    data = json_text.encode()
+    return (empty, keep(data)) if needs_blob(data) else (json_text, None)
+
+
+def needs_blob(data: bytes) -> bool:
+    """Whether a value's JSON is over ``PAYLOAD_BLOB_THRESHOLD_BYTES``."""
+    return len(data) > settings.PAYLOAD_BLOB_THRESHOLD_BYTES
 
 
 def payload_of(payload: Any, ref: str | None) -> Any:
-    """The payload a row stands for: its own, or its blob's."""
+    """The value a row stands for (a payload, a result, metadata): its own, or its
+    blob's."""
     return payload if ref is None else json.loads(get(ref))
 
 
@@ -107,7 +169,7 @@ class AtomicFileSystemStorage(FileSystemStorage):
         directory = os.path.dirname(path)
         self._make_private(directory)
         # mkstemp creates the file 0600, and the rename keeps that.
-        fd, temporary = tempfile.mkstemp(dir=directory, prefix=".partial-")
+        fd, temporary = tempfile.mkstemp(dir=directory, prefix=PARTIAL)
         try:
             with os.fdopen(fd, "wb") as f:
                 for chunk in content.chunks():

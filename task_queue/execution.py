@@ -39,8 +39,10 @@ class StopReason(Enum):
 class Outcome:
     kind: OutcomeKind
     task: ClaimedTask
-    result_json: str = ""
+    result_json: str | None = None  # None: the result is the blob result_ref
     summary: str = ""
+    result_ref: str | None = None
+    result_blob: bytes = b""  # its bytes, which the writer keeps under the blob's lock
     retryable: bool = False
     base_delay: float = 0.0
     error_json: str = ""
@@ -130,14 +132,34 @@ def run_handler(flight: InFlight) -> Outcome | None:
         )
     if flight.stop_reason is StopReason.CANCEL_REQUESTED:
         return Outcome(OutcomeKind.CANCELLED, task)
-    return Outcome(OutcomeKind.COMPLETED, task, result_json=result_json, summary=summary)
+    return _completed(flight, result_json, summary)
 
 
 def _result_json(result: Any) -> str:
+    """The result as JSON the queue stores; a permanent failure if it cannot be (so a
+    result over QUEUE_MAX_PAYLOAD_BYTES fails its task, "result too large")."""
     try:
-        return storable_json(result)
+        return blobs.check_size(storable_json(result))
+    except blobs.TooLarge as error:
+        raise PermanentError(f"result too large: {error}") from None
     except ValueError as error:
         raise PermanentError(f"the result {error}") from error
+
+
+def _completed(flight: InFlight, result_json: str, summary: str) -> Outcome:
+    """The completion; a result over the blob threshold is written to its blob here,
+    off the outcome writer's thread (which only checks it is there, under its lock)."""
+    data = result_json.encode()
+    if not blobs.needs_blob(data):
+        return Outcome(OutcomeKind.COMPLETED, flight.task, result_json=result_json, summary=summary)
+    try:
+        ref = blobs.put(data)
+    except OSError as error:
+        unavailable = PayloadBlobUnavailable(f"the result's blob could not be written: {error}")
+        return failure(flight.task, unavailable, retryable=True, base_delay=flight.agent.base_delay)
+    return Outcome(
+        OutcomeKind.COMPLETED, flight.task, summary=summary, result_ref=ref, result_blob=data
+    )
 
 
 def _stopped(flight: InFlight) -> Outcome | None:

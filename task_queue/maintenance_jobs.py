@@ -5,14 +5,16 @@
   process up);
 - the metric rollups of the buckets that closed (``task_queue.metrics``);
 - once a minute, positions for the event stream's new events, then retention
-  (``task_queue.retention``).
+  (``task_queue.retention``);
+- every ten minutes, the blobs no row references any more
+  (``task_queue.blob_collection``).
 """
 
 from __future__ import annotations
 
 import logging
 
-from . import event_stream, maintenance, metrics, reaper, retention
+from . import blob_collection, event_stream, maintenance, metrics, reaper, retention
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +39,11 @@ def sequence_and_prune() -> None:
     retention.prune()
 
 
+def collect_blobs() -> str | None:
+    deleted = blob_collection.collect()
+    return f"blob collection: deleted {deleted} unreferenced blob(s)" if deleted else None
+
+
 def register() -> None:
     maintenance.register("reaper", reap, order=maintenance.LEASES)
     maintenance.register("metric rollups", roll_up, order=maintenance.ROLLUPS)
@@ -45,4 +52,11 @@ def register() -> None:
         sequence_and_prune,
         every_seconds=retention.EVERY_SECONDS,
         order=maintenance.RETENTION,
+    )
+    # After retention, which drops the rows that referenced blobs.
+    maintenance.register(
+        "blob collection",
+        collect_blobs,
+        every_seconds=blob_collection.EVERY_SECONDS,
+        order=maintenance.RETENTION + 1,
     )

@@ -18,7 +18,6 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from django.conf import settings
 from django.db import transaction
 
 from task_queue.sql import enqueue as enqueue_sql
@@ -131,12 +130,13 @@ def enqueue_many(
     ]
     if not rows:
         return []
-    # Only once every task is valid: a refused batch writes no blob.
-    for row in rows:
-        _, row["payload_ref"] = blobs.offload(row.pop("payload_json"))
-        if row["payload_ref"]:
-            row["payload"] = {}
     with transaction.atomic():
+        # Only once every task is valid, in the transaction that references the blob
+        # (so the collector leaves it alone: task_queue.blobs).
+        for row in rows:
+            _, row["payload_ref"] = blobs.offload(row.pop("payload_json"))
+            if row["payload_ref"]:
+                row["payload"] = {}
         _check_workflows(rows, prefix, indexed)
         results = enqueue_sql.enqueue_tasks(rows)
         for index, (row, result) in enumerate(zip(rows, results, strict=True)):
@@ -254,18 +254,13 @@ def payload_json(payload: Any, invalid: Callable[..., InvalidTask]) -> str:
     if not isinstance(payload, dict):
         raise invalid("payload", "must be a JSON object")
     try:
-        text = storable_json(payload)
+        return blobs.check_size(storable_json(payload))
+    except blobs.TooLarge as error:
+        raise invalid(
+            "payload", str(error), code="payload_too_large", details={"limit_bytes": error.limit}
+        ) from None
     except ValueError as error:
         raise invalid("payload", str(error)) from None
-    size, limit = len(text.encode()), settings.QUEUE_MAX_PAYLOAD_BYTES
-    if size > limit:
-        raise invalid(
-            "payload",
-            f"is {size} bytes as JSON; the limit is {limit}",
-            code="payload_too_large",
-            details={"limit_bytes": limit},
-        )
-    return text
 
 
 def _check_priority(priority: Any, invalid: Callable[..., InvalidTask]) -> None:
@@ -307,8 +302,9 @@ def revive(
     left alone.
     """
     ids = list(ids)
-    new_payload, new_ref = _stored(payload)
+    text = None if payload is None else payload_json(payload, InvalidTask)
     with transaction.atomic():
+        new_payload, new_ref = _stored(text)
         before = _payloads(ids) if payload is not None else {}
         revived = operator.revive_tasks(
             ids=ids, actor=actor, payload=new_payload, payload_ref=new_ref, now=None
@@ -372,12 +368,10 @@ def _readable_payload(payload: dict[str, Any], ref: str | None) -> dict[str, Any
         return {}
 
 
-def _stored(payload: dict[str, Any] | None) -> tuple[str | None, str | None]:
-    """A new payload as it goes in the row: (JSON text, blob reference), validated;
-    (None, None) for no new payload."""
-    if payload is None:
-        return None, None
-    return blobs.offload(payload_json(payload, InvalidTask))
+def _stored(text: str | None) -> tuple[str | None, str | None]:
+    """A new payload's JSON as it goes in the row: (JSON text, blob reference), in the
+    transaction that writes it; (None, None) for no new payload."""
+    return (None, None) if text is None else blobs.offload(text)
 
 
 def pause_agent(agent_name: str, *, actor: str, source: str = "python") -> bool:
@@ -441,12 +435,13 @@ def update_pending(
     Raises :class:`TaskNotFound`, :class:`TaskNotPending`, or :class:`InvalidTask`
     for a value the queue would not accept at enqueue.
     """
-    new_payload, new_ref = _stored(payload)
+    text = None if payload is None else payload_json(payload, InvalidTask)
     if priority is not None:
         _check_priority(priority, InvalidTask)
     if available_at is not None and available_at.tzinfo is None:
         raise InvalidTask("available_at", "must be a timezone-aware datetime")
     with transaction.atomic():
+        new_payload, new_ref = _stored(text)
         before = Task.objects.select_for_update(no_key=True).filter(id=task_id).first()
         found = operator.update_pending_task(
             task_id=task_id,

@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 
 from task_queue.sql import outcomes as outcomes_sql
 
+from . import blobs
 from .execution import Outcome, OutcomeKind, unrecordable
 from .retry import CONNECTION_ERRORS, Backoff
 
@@ -126,11 +127,20 @@ class OutcomeWriter:
         now = self.now()
         recorded: set = set()
         if done := by_kind.get(OutcomeKind.COMPLETED):
-            recorded |= outcomes_sql.complete_tasks(
-                owner=self.owner,
-                done=[(o.task.id, o.task.lease_token, o.result_json, o.summary) for o in done],
-                now=now,
-            )
+            # Results in blobs are checked (or written again) under their blobs' locks
+            # in the transaction that references them: see task_queue.blobs.
+            with transaction.atomic():
+                for o in done:
+                    if o.result_ref:
+                        blobs.keep(o.result_blob)
+                recorded |= outcomes_sql.complete_tasks(
+                    owner=self.owner,
+                    done=[
+                        (o.task.id, o.task.lease_token, o.result_json, o.result_ref, o.summary)
+                        for o in done
+                    ],
+                    now=now,
+                )
         if failed := by_kind.get(OutcomeKind.FAILED):
             rows = outcomes_sql.fail_tasks(
                 owner=self.owner,

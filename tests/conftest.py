@@ -6,6 +6,7 @@ Only fixtures live here; the helpers they and the tests use are in tests/support
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -117,3 +118,16 @@ def runs_table(transactional_db) -> str:
         cursor.execute(CREATE_RUNS_TABLE)
         cursor.execute(f"TRUNCATE {RUNS_TABLE}")
     return RUNS_TABLE
+
+
+@pytest.fixture
+def blob_dir(settings, tmp_path, monkeypatch) -> Path:
+    """The payloads storage in a directory of the test's own, for this process and
+    the worker processes it starts."""
+    directory = tmp_path / "blobs"
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "payloads": {**settings.STORAGES["payloads"], "OPTIONS": {"location": str(directory)}},
+    }
+    monkeypatch.setenv("PAYLOAD_BLOB_DIR", str(directory))
+    return directory

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 
 import pytest
 
@@ -17,19 +16,6 @@ from tests.support.api import Api, token
 from tests.support.waiting import wait_for
 
 FIVE_MIB = 5 * 1024 * 1024
-
-
-@pytest.fixture
-def blob_dir(settings, tmp_path, monkeypatch) -> Path:
-    """The payloads storage in a directory of the test's own, for this process and
-    the worker processes it starts."""
-    directory = tmp_path / "blobs"
-    settings.STORAGES = {
-        **settings.STORAGES,
-        "payloads": {**settings.STORAGES["payloads"], "OPTIONS": {"location": str(directory)}},
-    }
-    monkeypatch.setenv("PAYLOAD_BLOB_DIR", str(directory))
-    return directory
 
 
 def large_payload(size: int = FIVE_MIB) -> dict:

@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents_app import messaging, pubsub
+from agents_app.models import Publication
 from task_queue import event_stream, operations
 from task_queue.models import OutboxEvent, TaskHistory
 from task_queue.sql import maintenance as maintenance_sql
@@ -115,7 +116,7 @@ def test_a_rolled_back_change_writes_no_event():
     assert OutboxEvent.objects.count() == before
 
 
-def test_messages_and_publications_are_in_the_stream():
+def test_messages_and_publications_are_in_the_stream(blob_dir):
     sent = messaging.send("Planner", "Pricer", "task_request", {"sku": "A1"}, metadata={
         "trace_id": "tr-msg"})  # fmt: skip
     [message] = messaging.receive("Pricer")
@@ -132,10 +133,11 @@ def test_messages_and_publications_are_in_the_stream():
     [published] = events_of(publication_id)
     assert published.kind == "evt.agent.PricingAgent.price.changed.v1"
     assert published.payload["payload"] == {"sku": "A1"}
-    # A large publication: the envelope says how large, and stays small itself.
+    # A large publication: the envelope names its blob, and stays small itself.
     large_id, _ = pubsub.publish("pricer-1", "feed.loaded", {"rows": "x" * 70_000})
     [large] = events_of(large_id)
-    assert large.payload["payload"] is None and large.payload["payload_bytes"] > 70_000
+    assert large.payload["payload"] == {} and large.payload["payload_bytes"] is None
+    assert large.payload["payload_ref"] == Publication.objects.get(id=large_id).payload_ref
     assert len(large.to_json()) < 2000
 
 

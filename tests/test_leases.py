@@ -64,7 +64,7 @@ def _task_take(owner: str, now: datetime) -> tuple[Any, Any] | None:
 
 
 def _task_write(owner: str, held: tuple[Any, Any], now: datetime) -> bool:
-    done = [(*held, "{}", "done")]
+    done = [(*held, "{}", None, "done")]
     return bool(outcomes_sql.complete_tasks(owner=owner, done=done, now=now))
 
 
@@ -144,7 +144,7 @@ TABLES = {
         pubsub_sql.DELIVERY_LEASE,
         _delivery_make,
         _delivery_take,
-        lambda owner, held, now: pubsub_sql.ack_publication(*held, None, now=now),
+        lambda owner, held, now: pubsub_sql.ack_publication(*held, None, None, now=now),
         lambda now: pubsub_sql.recover_deliveries(max_deliveries=MAX_DELIVERIES, now=now),
     ),
 }

@@ -9,7 +9,7 @@ from django.core.management import CommandError, call_command
 from task_queue import maintenance
 
 
-def test_the_registered_jobs_run_leases_first_and_retention_last():
+def test_the_registered_jobs_run_leases_first_then_retention_then_blob_collection():
     names = [job.name for job in maintenance.registered()]
     assert names == [
         "reaper",
@@ -18,6 +18,7 @@ def test_the_registered_jobs_run_leases_first_and_retention_last():
         "metric rollups",
         "daily report",
         "retention",
+        "blob collection",  # after retention, which drops references
     ]
 
 

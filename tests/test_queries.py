@@ -36,7 +36,7 @@ def test_same_worker_cannot_write_with_a_lease_it_lost():
     second = claim_and_start("host:1", after_expiry)
     assert second.lease_token != first.lease_token
 
-    stale = (task_id, first.lease_token, '{"from": "stale"}', "stale")
+    stale = (task_id, first.lease_token, '{"from": "stale"}', None, "stale")
     assert outcomes_sql.complete_tasks(owner="host:1", done=[stale], now=after_expiry) == set()
     assert (
         leasing.heartbeat(
@@ -51,7 +51,7 @@ def test_same_worker_cannot_write_with_a_lease_it_lost():
         )
         == {}
     )
-    fresh = (task_id, second.lease_token, '{"from": "fresh"}', "fresh")
+    fresh = (task_id, second.lease_token, '{"from": "fresh"}', None, "fresh")
     assert outcomes_sql.complete_tasks(owner="host:1", done=[fresh], now=after_expiry) == {task_id}
     assert Task.objects.get(id=task_id).result == {"from": "fresh"}
 

@@ -73,7 +73,7 @@ def test_sigkilled_worker_task_is_recovered_and_its_late_write_refused(
     # The killed worker's lease is gone: a late write with it changes nothing.
     assert (
         outcomes_sql.complete_tasks(
-            owner=old_owner, done=[(task_id, old_token, "{}", "late")], now=None
+            owner=old_owner, done=[(task_id, old_token, "{}", None, "late")], now=None
         )
         == set()
     )

@@ -35,9 +35,13 @@ DELETE FROM agent_events e USING doomed WHERE e.id = doomed.id
 EVENTS_OF_COMPLETED_TASKS = f"""
 events AS (
     INSERT INTO agent_events (task_id, workflow_id, agent_name, event_type, content, data,
-                              created_at)
+                              result_ref, created_at)
     SELECT id, workflow_id, agent_name, 'task.completed', summary,
-           jsonb_build_object('task_type', task_type, 'result', result), {NOW}
+           -- A result in a blob is referenced, not copied.
+           CASE WHEN result_ref IS NULL
+                THEN jsonb_build_object('task_type', task_type, 'result', result)
+                ELSE jsonb_build_object('task_type', task_type) END,
+           result_ref, {NOW}
     FROM completed
     RETURNING id
 ),

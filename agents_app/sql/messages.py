@@ -19,10 +19,11 @@ MESSAGES_CHANNEL = "automechanica_messages"  # payload: the recipient agent's na
 SEND_MESSAGE = f"""
 WITH sent AS (
     INSERT INTO agent_messages (from_agent, to_agent, message_type, payload, payload_ref,
-                                priority, correlation_id, reply_to, metadata, expires_at)
+                                priority, correlation_id, reply_to, metadata, metadata_ref,
+                                expires_at)
     VALUES (%(from_agent)s, %(to_agent)s, %(message_type)s, %(payload)s::jsonb,
             %(payload_ref)s, %(priority)s, %(correlation_id)s, %(reply_to)s, %(metadata)s::jsonb,
-            now() + make_interval(secs => %(expires_in)s))
+            %(metadata_ref)s, now() + make_interval(secs => %(expires_in)s))
     RETURNING id, to_agent
 )
 SELECT sent.id, pg_notify('{MESSAGES_CHANNEL}', sent.to_agent) IS NULL FROM sent
@@ -65,8 +66,8 @@ SET status = 'delivered', delivered_at = {_NOW}, delivery_count = m.delivery_cou
 FROM visible
 WHERE m.id = visible.id
 RETURNING m.id, m.from_agent, m.to_agent, m.message_type, m.payload, m.payload_ref,
-          m.priority, m.correlation_id, m.reply_to, m.metadata, m.created_at, m.expires_at,
-          m.delivery_count, m.receipt
+          m.priority, m.correlation_id, m.reply_to, m.metadata, m.metadata_ref, m.created_at,
+          m.expires_at, m.delivery_count, m.receipt
 """
 
 # Fenced by the receipt: a reader whose lease ran out (the message went to another,
@@ -174,6 +175,7 @@ def send_message(
     correlation_id: str | None,
     reply_to: str | None,
     metadata: str,
+    metadata_ref: str | None,
     expires_in: float,
 ) -> UUID:
     params = {
@@ -186,6 +188,7 @@ def send_message(
         "correlation_id": correlation_id,
         "reply_to": reply_to,
         "metadata": metadata,
+        "metadata_ref": metadata_ref,
         "expires_in": expires_in,
     }
     return fetch(SEND_MESSAGE, params)[0][0]

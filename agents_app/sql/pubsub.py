@@ -37,9 +37,10 @@ _NOW = DELIVERY_LEASE.now
 PUBLISH = f"""
 WITH published AS (
     INSERT INTO agent_publications (publisher_agent, publisher_type, publication_type,
-                                    event_name, payload, metadata, expires_at)
+                                    event_name, payload, payload_ref, metadata,
+                                    metadata_ref, expires_at)
     VALUES (%(publisher_agent)s, %(publisher_type)s, %(publication_type)s, %(event_name)s,
-            %(payload)s::jsonb, %(metadata)s::jsonb,
+            %(payload)s::jsonb, %(payload_ref)s, %(metadata)s::jsonb, %(metadata_ref)s,
             now() + make_interval(secs => %(ttl)s))
     RETURNING id, publisher_agent, publisher_type, publication_type, event_name, expires_at
 ),
@@ -129,13 +130,13 @@ FROM visible, agent_publications p, agent_subscriptions s
 WHERE d.id = visible.id AND p.id = d.publication_id AND s.id = d.subscription_id
 RETURNING d.id, d.receipt, d.delivery_count, s.name, p.id, p.publisher_agent,
           p.publisher_type, p.publication_type, p.event_name, p.payload, p.metadata,
-          p.created_at, p.expires_at
+          p.created_at, p.expires_at, p.payload_ref, p.metadata_ref
 """
 
 ACK_PUBLICATION = f"""
 UPDATE agent_publication_deliveries d
 SET status = 'acknowledged', acknowledged_at = {_NOW}, {DELIVERY_LEASE.clear()},
-    result = %(result)s::jsonb
+    result = %(result)s::jsonb, result_ref = %(result_ref)s
 WHERE {DELIVERY_LEASE.fenced("d")} AND d.status = 'delivered'
 RETURNING d.id
 """
@@ -218,9 +219,20 @@ def receive_publications(
 
 
 def ack_publication(
-    delivery_id: int, receipt: UUID, result: str | None, *, now: datetime | None = None
+    delivery_id: int,
+    receipt: UUID,
+    result: str | None,
+    result_ref: str | None,
+    *,
+    now: datetime | None = None,
 ) -> bool:
-    params = {"id": delivery_id, "token": receipt, "result": result, "now": now}
+    params = {
+        "id": delivery_id,
+        "token": receipt,
+        "result": result,
+        "result_ref": result_ref,
+        "now": now,
+    }
     return bool(fetch(ACK_PUBLICATION, params))
 
 

@@ -4,6 +4,11 @@ Pages are ordered newest first by (created_at, id) and continue after the last r
 of the previous page, so rows inserted meanwhile (which are newer) never shift a
 page: no row is repeated or skipped, however many tasks are enqueued while a client
 pages through. The cursor is opaque to clients.
+
+Large JSON fields stay in the database: a list selects, per row and field, the value
+only when it is at most ``LIST_INLINE_BYTES`` as JSON and not in a blob, and names
+the field in ``omitted`` otherwise (:func:`lean`), so a page of 500 rows of 16 MiB
+results costs the web process no more than one of small rows.
 """
 
 from __future__ import annotations
@@ -14,12 +19,26 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from django.db.models import Q, QuerySet
+from django.db.models import (
+    BooleanField,
+    Case,
+    F,
+    Func,
+    IntegerField,
+    JSONField,
+    Q,
+    QuerySet,
+    TextField,
+    Value,
+    When,
+)
+from django.db.models.functions import Cast
+from django.db.models.lookups import GreaterThan
 
 from task_queue.models import payload_contains
 
 from .errors import ApiError
-from .schemas import TaskFilters
+from .schemas import LIST_INLINE_BYTES, TaskFilters
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
@@ -45,6 +64,49 @@ def filter_tasks(tasks: QuerySet, filters: TaskFilters) -> QuerySet:
     if filters.q:
         tasks = payload_contains(tasks, filters.q)
     return tasks
+
+
+def lean(rows: QuerySet, empty: dict[str, Any]) -> QuerySet:
+    """``rows`` without the large JSON fields named in ``empty`` (field → what a list
+    shows in its place): :func:`shown` puts each back when it is small.
+
+    A field is large when its blob reference (``<field>_ref``) is set, or its stored
+    size (``pg_column_size``, no decompression) or else its JSON text is over
+    ``LIST_INLINE_BYTES``; CASE tests them in that order, so only values already
+    small on disk are ever turned into text, and no large value leaves the database.
+    """
+    limit = Value(LIST_INLINE_BYTES)
+    annotations = {}
+    for field in empty:
+        stored = Func(F(field), function="pg_column_size", output_field=IntegerField())
+        text = Func(Cast(field, TextField()), function="octet_length", output_field=IntegerField())
+        large = Case(
+            When(Q(**{f"{field}_ref__isnull": False}), then=Value(True)),
+            When(GreaterThan(stored, limit), then=Value(True)),
+            When(GreaterThan(text, limit), then=Value(True)),
+            default=Value(False),
+            output_field=BooleanField(),
+        )
+        annotations[f"{field}_large"] = large
+        annotations[f"{field}_small"] = Case(
+            When(Q(**{f"{field}_large": False}), then=F(field)),
+            default=Value(None),
+            output_field=JSONField(),
+        )
+    return rows.defer(*empty).annotate(**annotations)
+
+
+def shown(items: list[Any], empty: dict[str, Any]) -> list[Any]:
+    """Rows of :func:`lean` with each small field back in place, ``empty``'s value for
+    a large one, and ``omitted`` naming those."""
+    for item in items:
+        item.omitted = []
+        for field, placeholder in empty.items():
+            large = getattr(item, f"{field}_large")
+            setattr(item, field, placeholder if large else getattr(item, f"{field}_small"))
+            if large:
+                item.omitted.append(field)
+    return items
 
 
 def encode_cursor(created_at: datetime, row_id: UUID) -> str:

@@ -11,7 +11,7 @@ from ninja import Schema
 from pydantic import AfterValidator, ConfigDict, Field
 from pydantic import StrictInt as Int
 
-from .schemas import StrictSchema, storable_text
+from .schemas import BLOB_REF, UNREADABLE, StrictSchema, storable_text
 
 # ------------------------------------------------------------------ agent messages
 
@@ -69,9 +69,7 @@ class MessageOut(Schema):
     to_agent: str
     message_type: MessageTypeName
     payload: Any
-    payload_ref: str | None = Field(
-        None, description="Set when the payload is stored as a blob (sha256-…)."
-    )
+    payload_ref: str | None = Field(None, description=BLOB_REF)
     priority: int
     status: MessageStatusName
     correlation_id: str | None
@@ -84,9 +82,7 @@ class MessageOut(Schema):
 
 class DeliveredMessageOut(MessageOut):
     receipt: UUID = Field(description="This delivery's: acknowledge with it.")
-    payload_error: str | None = Field(
-        None, description="Why the payload could not be read (its blob is missing)."
-    )
+    payload_error: str | None = Field(None, description=UNREADABLE)
 
 
 class MessageReceive(StrictSchema):
@@ -171,6 +167,7 @@ class DeliveryOut(Schema):
     metadata: dict[str, Any]
     published_at: datetime
     expires_at: datetime
+    payload_error: str | None = Field(None, description=UNREADABLE + " (payload or metadata)")
 
 
 class DeliveryAck(StrictSchema):

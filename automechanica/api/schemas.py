@@ -14,6 +14,13 @@ from task_queue.models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN, Pr
 from task_queue.operations import MAX_DELAY_SECONDS, MAX_KEY_LENGTH
 from task_queue.storable import text_problem
 
+# Lists (tasks, dead letter, workflows) carry a large JSON field only up to this many
+# bytes (automechanica.api.listing.lean): 500 rows stay a few MiB, whatever they hold.
+LIST_INLINE_BYTES = 4096
+OMITTED = f"Fields over {LIST_INLINE_BYTES} bytes or in a blob, left out: GET the item for them."
+BLOB_REF = "Set when the value is stored as a blob (sha256-…)."
+UNREADABLE = "Why the value stored as a blob could not be read."
+
 
 def storable_text(value: str) -> str:
     if problem := text_problem(value):
@@ -106,12 +113,8 @@ class TaskOut(Schema):
     workflow_id: UUID | None
     agent_name: str
     task_type: str
-    payload: dict[str, Any] = Field(
-        description="The payload; in lists, {} for one stored as a blob (see payload_ref)."
-    )
-    payload_ref: str | None = Field(
-        None, description="Set when the payload is stored as a blob (sha256-…)."
-    )
+    payload: dict[str, Any] = Field(description="In lists, {} for a large one (see omitted).")
+    payload_ref: str | None = Field(None, description=BLOB_REF)
     priority: int
     status: TaskStatusName
     attempts: int
@@ -121,7 +124,9 @@ class TaskOut(Schema):
     lease_expires_at: datetime | None
     cancel_requested_at: datetime | None
     error_info: dict[str, Any] | None
-    result: Any = None
+    result: Any = Field(None, description="The result; in lists, null for a large one.")
+    result_ref: str | None = Field(None, description=BLOB_REF)
+    omitted: list[Literal["payload", "result"]] = Field([], description=OMITTED)
     idempotency_key: str | None
     trace_id: str | None
     started_at: datetime | None
@@ -150,9 +155,8 @@ class HistoryOut(Schema):
 
 class TaskDetailOut(TaskOut):
     history: list[HistoryOut]
-    payload_error: str | None = Field(
-        None, description="Why a payload stored as a blob could not be read."
-    )
+    payload_error: str | None = Field(None, description=UNREADABLE)
+    result_error: str | None = Field(None, description=UNREADABLE)
 
     @staticmethod
     def resolve_history(task: Any) -> list[Any]:
@@ -248,7 +252,10 @@ class WorkflowOut(Schema):
     name: str
     status: WorkflowStatusName
     open: bool
-    metadata: dict[str, Any]
+    metadata: dict[str, Any] = Field(description="In lists, {} for large metadata (see omitted).")
+    metadata_ref: str | None = Field(None, description=BLOB_REF)
+    omitted: list[Literal["metadata"]] = Field([], description=OMITTED)
+    metadata_error: str | None = Field(None, description=UNREADABLE)
     trace_id: str | None
     progress: dict[TaskStatusName, int] = Field(description="Task counts by status.")
     total_tasks: int

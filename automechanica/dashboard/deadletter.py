@@ -33,7 +33,8 @@ class DeadLetterFilter(forms.Form):
 
     def tasks(self) -> QuerySet[Task]:
         """Dead and failed tasks matching the valid filters, newest death first."""
-        tasks = Task.objects.filter(status__in=REVIVABLE_STATUSES)
+        # The list shows neither payload nor result: they stay in the database.
+        tasks = Task.objects.filter(status__in=REVIVABLE_STATUSES).defer("payload", "result")
         if self.is_bound and not self.is_valid():
             # Never widen an invalid filter to "everything": match nothing and say why.
             return tasks.none()

@@ -100,7 +100,9 @@ def render_task(task: Task, user: User) -> str:
 
 def workflows_context(page_number: Any = 1) -> dict[str, Any]:
     """A page of workflows, newest first, each with its progress and status."""
-    page = Paginator(Workflow.objects.all(), WORKFLOWS_PAGE_SIZE).get_page(page_number)
+    # The page shows no metadata: it stays in the database.
+    workflows = Workflow.objects.defer("metadata")
+    page = Paginator(workflows, WORKFLOWS_PAGE_SIZE).get_page(page_number)
     progress = progress_of(w.id for w in page)
     rows = [(w, progress[w.id], status_of(w, progress[w.id])) for w in page]
     return {"page": page, "rows": rows}

@@ -49,6 +49,8 @@ class Workflow(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, db_default=RandomUUID())
     name = models.TextField()
     metadata = models.JSONField(default=dict, blank=True)
+    # Metadata too large for the row: its blob (task_queue.blobs); metadata is then {}.
+    metadata_ref = models.TextField(null=True, blank=True)
     # An open workflow expects more tasks (an orchestrator adds each step as the steps
     # before it complete), so it is not completed while open, even if all its tasks are.
     open = models.BooleanField(default=False, db_default=False)
@@ -60,6 +62,14 @@ class Workflow(models.Model):
     class Meta:
         db_table = "workflows"
         ordering = ["-created_at", "-id"]
+        indexes = [
+            # The blob collector's reference check (task_queue.blob_collection).
+            models.Index(
+                fields=["metadata_ref"],
+                condition=models.Q(metadata_ref__isnull=False),
+                name="workflows_metadata_ref_idx",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -90,6 +100,8 @@ class Task(models.Model):
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     error_info = models.JSONField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
+    # A result too large for the row: its blob; result is then null.
+    result_ref = models.TextField(null=True, blank=True)
     idempotency_key = models.TextField(null=True, blank=True)
     # A hash of the request that created a keyed task: the same key with another
     # request is a conflict, even after the task's payload was edited.
@@ -165,6 +177,17 @@ class Task(models.Model):
             ),
             # Lists newest first (the API, the admin) without sorting the whole table.
             models.Index(fields=["created_at", "id"], name="tasks_created_idx"),
+            # The blob collector's reference checks: only rows that hold a blob.
+            models.Index(
+                fields=["payload_ref"],
+                condition=models.Q(payload_ref__isnull=False),
+                name="tasks_payload_ref_idx",
+            ),
+            models.Index(
+                fields=["result_ref"],
+                condition=models.Q(result_ref__isnull=False),
+                name="tasks_result_ref_idx",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -23,6 +23,12 @@ EVENT_SEQUENCER = 0x65767473  # "evts"
 EMBEDDING_RECOVERY = 0x656D6264  # "embd"
 MESSAGE_RECOVERY = 0x6D736773  # "msgs"
 DELIVERY_RECOVERY = 0x646C7672  # "dlvr"
+# Per blob (task_queue.blobs, task_queue.blob_collection): shared by every transaction
+# about to reference the blob, taken exclusively by the collector before it checks
+# the blob's references and deletes it. A key pair: this namespace and the first 32
+# bits of the blob's SHA-256 (two blobs sharing the bits only share a lock).
+BLOBS = 0x626C6F62  # "blob"
+_BLOB_KEY = f"{BLOBS}, ('x' || substr(ref, 8, 8))::bit(32)::int"
 
 TRY_ADVISORY_XACT_LOCK = "SELECT pg_try_advisory_xact_lock(%(key)s)"
 
@@ -38,6 +44,28 @@ ADVISORY_XACT_LOCK = "SELECT pg_advisory_xact_lock(%(key)s)"
 def advisory_xact_lock(key: int) -> None:
     """Take a cluster-wide lock until the current transaction ends, waiting for it."""
     fetch(ADVISORY_XACT_LOCK, {"key": key})
+
+
+SHARE_BLOB_LOCKS = f"""
+SELECT count(pg_advisory_xact_lock_shared({_BLOB_KEY})) FROM unnest(%(refs)s::text[]) AS ref
+"""
+
+
+def share_blob_locks(refs: list[str]) -> None:
+    """Hold the blobs' locks, shared, until the current transaction ends (waiting for a
+    collector that holds one)."""
+    fetch(SHARE_BLOB_LOCKS, {"refs": refs})
+
+
+TRY_BLOB_LOCKS = f"""
+SELECT ref FROM unnest(%(refs)s::text[]) AS ref WHERE pg_try_advisory_xact_lock({_BLOB_KEY})
+"""
+
+
+def try_blob_locks(refs: list[str]) -> list[str]:
+    """Take the blobs' locks exclusively until the current transaction ends, where no
+    one holds them; the refs whose lock was taken."""
+    return [row[0] for row in fetch(TRY_BLOB_LOCKS, {"refs": refs})]
 
 
 # A session lock per name (one relay per destination), keyed by the name's hash.

@@ -21,16 +21,18 @@ from task_queue.sql.leasing import FENCED, HELD, TASK_LEASE
 COMPLETE_TASKS_START = f"""
 WITH held AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(results)s::jsonb[],
-                         %(summaries)s::text[]) AS d(id, lease_token, result, summary)
+                         %(result_refs)s::text[], %(summaries)s::text[])
+        AS d(id, lease_token, result, result_ref, summary)
 ),
 completed AS (
     UPDATE tasks t
-    SET status = 'completed', result = held.result, finished_at = {NOW},
+    SET status = 'completed', result = held.result, result_ref = held.result_ref,
+        finished_at = {NOW},
         updated_at = {NOW}, {TASK_LEASE.clear()}
     FROM held
     WHERE {FENCED} AND t.status = 'running'
     RETURNING t.id, t.workflow_id, t.agent_name, t.task_type, t.attempts, t.started_at,
-              t.available_at, held.lease_token, held.result, held.summary
+              t.available_at, held.lease_token, held.result, held.result_ref, held.summary
 ),
 """
 COMPLETE_TASKS_END = f"""
@@ -63,10 +65,11 @@ def complete_statement() -> str:
 def complete_tasks(
     *,
     owner: str,
-    done: Sequence[tuple[UUID, UUID, str, str]],
+    done: Sequence[tuple[UUID, UUID, str | None, str | None, str]],
     now: datetime | None,
 ) -> set[UUID]:
-    """Record successes: (id, lease token, result as JSON text, event summary) each.
+    """Record successes: (id, lease token, result as JSON text or None, the result's
+    blob reference or None, event summary) each.
 
     In the same statement: the history row and what apps added (``add_to_completion``:
     the AgentEvent and its embedding job). Returns the ids whose lease was still held;
@@ -77,7 +80,8 @@ def complete_tasks(
         "ids": [d[0] for d in done],
         "tokens": [d[1] for d in done],
         "results": [d[2] for d in done],
-        "summaries": [d[3] for d in done],
+        "result_refs": [d[3] for d in done],
+        "summaries": [d[4] for d in done],
         "now": now,
     }
     return {row[0] for row in fetch(complete_statement(), params)}

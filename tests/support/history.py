@@ -36,7 +36,9 @@ def start(seconds: float) -> dict[UUID, UUID]:
 
 
 def complete(task_id: UUID, token: UUID, seconds: float) -> None:
-    outcomes_sql.complete_tasks(owner=OWNER, done=[(task_id, token, "{}", "done")], now=at(seconds))
+    outcomes_sql.complete_tasks(
+        owner=OWNER, done=[(task_id, token, "{}", None, "done")], now=at(seconds)
+    )
 
 
 def fail(task_id: UUID, token: UUID, seconds: float, error: str, *, retryable: bool,

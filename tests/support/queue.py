@@ -29,7 +29,7 @@ def claim_and_start(agent: str) -> list[tuple[UUID, UUID]]:
 def complete_pending(agent: str, result: Any = None) -> list[UUID]:
     """Run every due pending task of ``agent`` to completed with ``result``."""
     held = claim_and_start(agent)
-    done = [(i, token, json.dumps(result or {"ok": True}), "done") for i, token in held]
+    done = [(i, token, json.dumps(result or {"ok": True}), None, "done") for i, token in held]
     return sorted(outcomes_sql.complete_tasks(owner=OWNER, done=done, now=None))
 
 

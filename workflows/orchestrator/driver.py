@@ -141,6 +141,7 @@ class Orchestrator:
         created = 0
         seen = set()
         for workflow in self.client.pages("/api/v1/workflows", open="true"):
+            workflow = self._whole(workflow, "workflows", "metadata")
             state = (workflow.get("metadata") or {}).get("orchestrator")
             if not isinstance(state, dict):
                 continue  # a workflow someone else drives
@@ -157,9 +158,18 @@ class Orchestrator:
         self._stuck = {key: steps for key, steps in self._stuck.items() if key in seen}
         return created
 
+    def _whole(self, item: dict[str, Any], kind: str, field: str) -> dict[str, Any]:
+        """A list item with ``field``: a list leaves a large one out (``omitted``)."""
+        if field not in item.get("omitted", ()):
+            return item
+        return self.client.get(f"/api/v1/{kind}/{item['id']}")
+
     def drive(self, workflow: dict[str, Any], state: dict[str, Any]) -> int:
         definition = parse(state["definition"])
-        tasks = list(self.client.pages("/api/v1/tasks", workflow_id=workflow["id"]))
+        tasks = [
+            self._whole(task, "tasks", "result")
+            for task in self.client.pages("/api/v1/tasks", workflow_id=workflow["id"])
+        ]
         next_step = plan(definition, state["run_id"], state["input"], tasks)
         if next_step.cancelled:
             # An operator cancelled one of its tasks: the steps after it can never run.

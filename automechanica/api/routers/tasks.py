@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 from uuid import UUID
 
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from ninja import Body, Query, Router, Status
 from pydantic import Field
@@ -14,7 +15,7 @@ from task_queue.models import REVIVABLE_STATUSES, Task
 
 from ..auth import ADMIN, READ, WRITE
 from ..errors import ERROR_RESPONSES, ApiError
-from ..listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, filter_tasks, page
+from ..listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, filter_tasks, lean, page, shown
 from ..openapi import links
 from ..schemas import (
     BulkReviveOut,
@@ -42,6 +43,8 @@ TASK_LINKS = {
 }
 
 Limit = Annotated[int, Field(ge=1, le=MAX_PAGE_SIZE)]
+# What a list shows in place of a large field (see listing.lean).
+LARGE_IN_LISTS = {"payload": {}, "result": None}
 
 
 def _spec(task: TaskCreate) -> operations.TaskSpec:
@@ -83,9 +86,9 @@ def list_tasks(
     cursor: str | None = None,
     limit: Limit = DEFAULT_PAGE_SIZE,
 ):
-    """Newest first. Follow ``next_cursor`` for the next page."""
-    items, next_cursor = page(filter_tasks(Task.objects.all(), filters), cursor=cursor, limit=limit)
-    return {"items": items, "next_cursor": next_cursor}
+    """Newest first. Follow ``next_cursor`` for the next page. A large payload or
+    result is left out (named in ``omitted``): ``GET /tasks/{id}`` has it."""
+    return _page(Task.objects.all(), filters, cursor, limit)
 
 
 @router.get("/dead-letter", auth=READ, response={200: TaskPage, **ERROR_RESPONSES})
@@ -96,9 +99,13 @@ def dead_letter(
     limit: Limit = DEFAULT_PAGE_SIZE,
 ):
     """Dead (attempts exhausted) and failed (non-retryable) tasks, newest first."""
-    tasks = Task.objects.filter(status__in=REVIVABLE_STATUSES)
-    items, next_cursor = page(filter_tasks(tasks, filters), cursor=cursor, limit=limit)
-    return {"items": items, "next_cursor": next_cursor}
+    return _page(Task.objects.filter(status__in=REVIVABLE_STATUSES), filters, cursor, limit)
+
+
+def _page(tasks: QuerySet, filters: TaskFilters, cursor: str | None, limit: int) -> dict:
+    tasks = lean(filter_tasks(tasks, filters), LARGE_IN_LISTS)
+    items, next_cursor = page(tasks, cursor=cursor, limit=limit)
+    return {"items": shown(items, LARGE_IN_LISTS), "next_cursor": next_cursor}
 
 
 # Declared before /tasks/{task_id}: Django takes the first pattern that matches.
@@ -131,12 +138,16 @@ def revive_many(request: HttpRequest, body: BulkReviveRequest):
 @router.get("/tasks/{task_id}", auth=READ, response={200: TaskDetailOut, **ERROR_RESPONSES})
 def get_task(request: HttpRequest, task_id: UUID):
     """The task with its history: every attempt, its error and traceback, its worker,
-    and every operator action. A payload stored as a blob is read back from it."""
+    and every operator action. A payload or result stored as a blob is read back."""
     task = _task(task_id)
     try:
         task.payload = blobs.payload_of(task.payload, task.payload_ref)
     except blobs.PayloadBlobError as error:
         task.payload_error = str(error)
+    try:
+        task.result = blobs.payload_of(task.result, task.result_ref)
+    except blobs.PayloadBlobError as error:
+        task.result_error = str(error)
     return task
 
 

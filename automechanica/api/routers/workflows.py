@@ -5,21 +5,20 @@ from __future__ import annotations
 from typing import Annotated, Any
 from uuid import UUID
 
-from django.conf import settings
 from django.db import transaction
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Router, Status
 from pydantic import Field
 
-from task_queue import operations
+from task_queue import blobs, operations
 from task_queue.models import Task, TaskStatus, Workflow
 from task_queue.storable import storable_json
 from workflows.progress import progress_of, status_of, with_status
 
 from ..auth import READ, WRITE
 from ..errors import ERROR_RESPONSES, ApiError
-from ..listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, page
+from ..listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, lean, page, shown
 from ..openapi import links
 from ..schemas import (
     WorkflowCancelOut,
@@ -34,6 +33,7 @@ from ..schemas import (
 router = Router(tags=["workflows"])
 
 Limit = Annotated[int, Field(ge=1, le=MAX_PAGE_SIZE)]
+LARGE_IN_LISTS = {"metadata": {}}  # see listing.lean
 
 
 def _out(workflows: list[Workflow]) -> list[dict[str, Any]]:
@@ -45,6 +45,9 @@ def _out(workflows: list[Workflow]) -> list[dict[str, Any]]:
             "status": status_of(w, progress[w.id]),
             "open": w.open,
             "metadata": w.metadata,
+            "metadata_ref": w.metadata_ref,
+            "omitted": getattr(w, "omitted", []),
+            "metadata_error": getattr(w, "metadata_error", None),
             "trace_id": w.trace_id,
             "progress": progress[w.id].counts,
             "total_tasks": progress[w.id].total,
@@ -64,18 +67,26 @@ def _workflow(workflow_id: UUID, *, for_update: bool = False) -> Workflow:
     return workflow
 
 
-def _check_metadata(metadata: dict[str, Any]) -> None:
+def _metadata_json(metadata: dict[str, Any]) -> str:
+    """The metadata as JSON the queue stores (a 4xx naming the field if it cannot)."""
     try:
-        text = storable_json(metadata)
-    except ValueError as error:
-        raise ApiError.invalid("metadata", str(error)) from None
-    if len(text.encode()) > settings.QUEUE_MAX_PAYLOAD_BYTES:
+        return blobs.check_size(storable_json(metadata))
+    except blobs.TooLarge as error:
         raise ApiError(
             413,
             "payload_too_large",
-            f"metadata: over the limit of {settings.QUEUE_MAX_PAYLOAD_BYTES} bytes as JSON",
+            f"metadata: over the limit of {error.limit} bytes as JSON",
             field_errors=[("metadata", "is too large")],
-        )
+        ) from None
+    except ValueError as error:
+        raise ApiError.invalid("metadata", str(error)) from None
+
+
+def _stored_metadata(metadata: dict[str, Any], text: str) -> dict[str, Any]:
+    """The metadata's columns, in the transaction that writes them: a large one goes
+    to a blob (task_queue.blobs), the row keeping {} and the reference."""
+    _, ref = blobs.offload(text)
+    return {"metadata": {} if ref else metadata, "metadata_ref": ref}
 
 
 @router.post(
@@ -93,10 +104,13 @@ def _check_metadata(metadata: dict[str, Any]) -> None:
 )
 def create_workflow(request: HttpRequest, body: WorkflowCreate):
     """The workflow and its first tasks, in one transaction: all or nothing."""
-    _check_metadata(body.metadata)
+    text = _metadata_json(body.metadata)
     with transaction.atomic():
         workflow = Workflow.objects.create(
-            name=body.name, metadata=body.metadata, open=body.open, trace_id=body.trace_id
+            name=body.name,
+            **_stored_metadata(body.metadata, text),
+            open=body.open,
+            trace_id=body.trace_id,
         )
         specs = [
             operations.TaskSpec(
@@ -119,19 +133,26 @@ def list_workflows(
     cursor: str | None = None,
     limit: Limit = DEFAULT_PAGE_SIZE,
 ):
-    """Newest first, with each workflow's status and task counts."""
-    workflows = Workflow.objects.all()
+    """Newest first, with each workflow's status and task counts. Large metadata is
+    left out (named in ``omitted``): ``GET /workflows/{id}`` has it."""
+    workflows = lean(Workflow.objects.all(), LARGE_IN_LISTS)
     if status is not None:
         workflows = with_status(workflows, status)
     if open is not None:
         workflows = workflows.filter(open=open)
     items, next_cursor = page(workflows, cursor=cursor, limit=limit)
-    return {"items": _out(items), "next_cursor": next_cursor}
+    return {"items": _out(shown(items, LARGE_IN_LISTS)), "next_cursor": next_cursor}
 
 
 @router.get("/workflows/{workflow_id}", auth=READ, response={200: WorkflowOut, **ERROR_RESPONSES})
 def get_workflow(request: HttpRequest, workflow_id: UUID):
-    return _out([_workflow(workflow_id)])[0]
+    """The workflow, with its metadata read back from its blob if it has one."""
+    workflow = _workflow(workflow_id)
+    try:
+        workflow.metadata = blobs.payload_of(workflow.metadata, workflow.metadata_ref)
+    except blobs.PayloadBlobError as error:
+        workflow.metadata_error = str(error)
+    return _out([workflow])[0]
 
 
 @router.patch(
@@ -141,12 +162,13 @@ def update_workflow(request: HttpRequest, workflow_id: UUID, body: WorkflowUpdat
     """Rename it, replace its metadata, or close it (``open: false``) once no more
     tasks will be added, so it completes when its tasks do."""
     changes = {k: v for k, v in body.model_dump(exclude_unset=True).items() if v is not None}
-    if "metadata" in changes:
-        _check_metadata(changes["metadata"])
+    text = _metadata_json(changes["metadata"]) if "metadata" in changes else None
     with transaction.atomic():
         workflow = _workflow(workflow_id, for_update=True)
         if workflow.cancelled_at is not None:
             raise ApiError.wrong_status("workflow", "cancelled", "change it")
+        if text is not None:
+            changes.update(_stored_metadata(changes["metadata"], text))
         for name, value in changes.items():
             setattr(workflow, name, value)
         if changes:
