@@ -63,7 +63,7 @@ def run(config: BenchConfig) -> dict[str, Any]:
     ]
     try:
         _wait_registered(workers, config.timeout, log_dir)
-        enqueue_rate, drain_rate = _throughput(workflow.id, config)
+        enqueue_rate, drain_rate, cost = _throughput(workflow.id, config, CostMeter(workers))
         latencies, done_latencies = _pickup_latencies(config)
         return {
             "tasks": config.tasks,
@@ -71,6 +71,9 @@ def run(config: BenchConfig) -> dict[str, Any]:
             "concurrency": config.concurrency,
             "enqueue_tasks_per_s": round(enqueue_rate),
             "drain_tasks_per_s": round(drain_rate),
+            # Per drained task: CPU in PostgreSQL (all its processes), in the workers,
+            # and WAL written.
+            "drain_cost_per_task": cost,
             "pickup_latency_ms": {
                 "samples": len(latencies),
                 "rate_per_s": config.latency_rate,
@@ -122,7 +125,67 @@ def _wait_registered(workers: list[subprocess.Popen], timeout: float, log_dir: P
         time.sleep(0.05)
 
 
-def _throughput(workflow_id, config: BenchConfig) -> tuple[float, float]:
+class CostMeter:
+    """CPU time of the server's processes and of the workers, and WAL written, between
+    :meth:`start` and :meth:`per_task`: the cost of the drain, broken down.
+
+    The server's processes are found from this session's backend (its parent is the
+    postmaster): a server on another machine has no processes here, and its CPU time
+    is reported as ``None``. Backends that exit during the drain take their time with
+    them; the workers' connections live as long as the workers.
+    """
+
+    def __init__(self, workers: list[subprocess.Popen]) -> None:
+        self.workers = [psutil.Process(w.pid) for w in workers]
+
+    def start(self) -> None:
+        self.wal, backend_pid = bench_sql.server_counters()
+        self.postmaster = _postmaster(backend_pid)
+        self.server_cpu = _cpu_seconds(_family(self.postmaster))
+        self.worker_cpu = _cpu_seconds(self.workers)
+
+    def per_task(self, tasks: int) -> dict[str, float | None]:
+        wal, _ = bench_sql.server_counters()
+        server = _cpu_seconds(_family(self.postmaster)) if self.postmaster else None
+        return {
+            "postgres_cpu_us": (
+                round((server - self.server_cpu) / tasks * 1e6, 1) if server is not None else None
+            ),
+            "worker_cpu_us": round((_cpu_seconds(self.workers) - self.worker_cpu) / tasks * 1e6, 1),
+            "wal_bytes": round((wal - self.wal) / tasks),
+        }
+
+
+def _postmaster(backend_pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(backend_pid).parent()
+    except psutil.Error:
+        return None  # the server is not on this machine
+
+
+def _family(process: psutil.Process | None) -> list[psutil.Process]:
+    if process is None:
+        return []
+    try:
+        return [process, *process.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _cpu_seconds(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue  # exited since it was listed
+        total += times.user + times.system
+    return total
+
+
+def _throughput(
+    workflow_id, config: BenchConfig, meter: CostMeter
+) -> tuple[float, float, dict[str, float | None]]:
     specs = [
         TaskSpec("EchoAgent", "echo", {"n": i}, workflow_id=workflow_id)
         for i in range(config.tasks)
@@ -131,6 +194,8 @@ def _throughput(workflow_id, config: BenchConfig) -> tuple[float, float]:
     with transaction.atomic():
         for i in range(0, len(specs), ENQUEUE_CHUNK):
             enqueue_many(specs[i : i + ENQUEUE_CHUNK])
+        # The workers start at the commit: the cost counted is the drain's alone.
+        meter.start()
     committed = time.perf_counter()
     committed_at = datetime.now(UTC)
     deadline = time.monotonic() + config.timeout
@@ -138,9 +203,10 @@ def _throughput(workflow_id, config: BenchConfig) -> tuple[float, float]:
         if time.monotonic() > deadline:
             raise RuntimeError(f"drain timed out with {progress[0]} of {progress[1]} finished")
         time.sleep(PROGRESS_POLL_SECONDS)
+    cost = meter.per_task(config.tasks)
     last_finished = max(finished for _, _, finished in bench_sql.task_times(workflow_id))
     drain_seconds = (last_finished - committed_at).total_seconds()
-    return config.tasks / (committed - started), config.tasks / drain_seconds
+    return config.tasks / (committed - started), config.tasks / drain_seconds, cost
 
 
 def _pickup_latencies(config: BenchConfig) -> tuple[list[float], list[float]]:

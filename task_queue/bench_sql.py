@@ -101,3 +101,16 @@ DELETE FROM tasks WHERE id IN (SELECT id FROM doomed)
 def delete_workflow_tasks(workflow_id: UUID) -> int:
     """Delete a workflow's tasks with their history, events and embedding jobs."""
     return execute(DELETE_WORKFLOW_TASKS, {"workflow_id": workflow_id})
+
+
+# The WAL's current position in bytes, and the process id of this session's backend
+# (its parent is the postmaster). The position, not pg_stat_wal's wal_bytes: backends
+# add to those statistics at most once a second, so they lag the drain's end.
+SERVER_COUNTERS = """
+SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint, pg_backend_pid()
+"""
+
+
+def server_counters() -> tuple[int, int]:
+    """(the WAL's insert position in bytes, this session's backend pid)."""
+    return fetch(SERVER_COUNTERS, {})[0]

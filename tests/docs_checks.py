@@ -231,6 +231,8 @@ class QueueBench(Check):
         assert report["tasks"] == opts["tasks"] and report["drain_tasks_per_s"] > 0
         assert report["pickup_latency_ms"]["samples"] == opts["latency_samples"]
         assert report["machine"]["cpus"] and report["machine"]["postgresql"]
+        cost = report["drain_cost_per_task"]  # the embedded server runs on this machine
+        assert cost["postgres_cpu_us"] > 0 and cost["worker_cpu_us"] > 0 and cost["wal_bytes"] > 0
 
 
 class Up(Check):

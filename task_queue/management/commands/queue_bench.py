@@ -49,3 +49,8 @@ class Command(BaseCommand):
             f"(to completion: p50 {report['done_latency_ms']['p50']} ms, "
             f"p99 {report['done_latency_ms']['p99']} ms)"
         )
+        cost = report["drain_cost_per_task"]
+        self.stdout.write(
+            f"per drained task: PostgreSQL {cost['postgres_cpu_us']} µs CPU, "
+            f"workers {cost['worker_cpu_us']} µs CPU, {cost['wal_bytes']} WAL bytes"
+        )
