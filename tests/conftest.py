@@ -61,6 +61,14 @@ def worker_processes(transactional_db, tmp_path) -> Iterator[Callable[..., Worke
     yield start
     for worker in started:
         worker.stop()
+    _show_logs(started)
+
+
+def _show_logs(processes: list[ManageProcess]) -> None:
+    """The end of each process's log, printed: pytest shows it when the test failed."""
+    for process in processes:
+        tail = "\n".join(process.log().splitlines()[-40:])
+        print(f"--- {process.log_path.name} (pid {process.pid}), last lines:\n{tail}")
 
 
 @pytest.fixture
@@ -77,6 +85,7 @@ def manage_processes(transactional_db, tmp_path) -> Iterator[Callable[..., Manag
     yield start
     for process in started:
         process.stop()
+    _show_logs(started)
 
 
 @pytest.fixture

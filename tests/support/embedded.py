@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 
 from automechanica.embedded_postgres import server
 from tests.support.processes import manage_env, run_manage
+from tests.support.waiting import wait_for
 
 
 def skip_unless_embedded() -> None:
@@ -39,3 +40,14 @@ def crash_restart() -> None:
     started = run_manage("embedded_db", "url", env=env)
     assert started.returncode == 0, started.stderr
     connection.close()
+    # Crash recovery may outlast the start command's wait: on until a query answers.
+    wait_for(_answers, timeout=180, what="the restarted server to answer")
+
+
+def _answers() -> bool:
+    try:
+        connection.ensure_connection()
+    except OperationalError:
+        connection.close()
+        return False
+    return True

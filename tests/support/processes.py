@@ -79,7 +79,8 @@ class ManageProcess:
         self.process.wait(10)
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
