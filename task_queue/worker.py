@@ -3,8 +3,8 @@
 Threads, and what each one does:
 
 - the fetch loop (the caller's thread) claims as many due tasks as there are free
-  slots in one statement, marks them running in a second, and hands them to the
-  handler threads. It sleeps until a NOTIFY for one of its agents, a free slot, the
+  slots in one statement, which starts them (status ``running``), and hands them to
+  the handler threads. It sleeps until a NOTIFY for one of its agents, a free slot, the
   next task's ``available_at`` or the poll interval, whichever comes first;
 - ``concurrency`` handler threads run agents (``execution.run_handler``);
 - the outcome writer records finished tasks in batches (``outcomes``);
@@ -165,13 +165,12 @@ class Worker:
         return self.config.burst
 
     def _claim_and_dispatch(self, limit: int) -> int:
-        now = self.now()
         claimed = leasing.claim_tasks(
             owner=self.id,
             agents=list(self.agents),
             limit=limit,
             lease_seconds=self.config.lease_seconds,
-            now=now,
+            now=self.now(),
         )
         if not claimed:
             return 0
@@ -179,15 +178,8 @@ class Worker:
         flights = [self._in_flight(task) for task in claimed]
         with self._lock:  # held from here on, so the heartbeat extends these leases
             self.inflight.update((f.task.id, f) for f in flights)
-        try:
-            started = leasing.start_tasks(owner=self.id, held=[f.held for f in flights], now=now)
-        except DatabaseError:
-            self._forget(flights)  # still leased: the reaper gives them back unharmed
-            raise
-        self._forget([f for f in flights if f.task.id not in started])  # cancelled meanwhile
         for flight in flights:
-            if flight.task.id in started:
-                self._work.put(flight)
+            self._work.put(flight)
         return len(claimed)
 
     def _in_flight(self, task: leasing.ClaimedTask) -> InFlight:

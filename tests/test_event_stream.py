@@ -41,22 +41,21 @@ def test_a_task_lifecycle_is_in_the_stream_in_order():
     assert [e.kind for e in events] == [
         "evt.task.created.v1",
         "evt.task.claimed.v1",
-        "evt.task.started.v1",
         "evt.task.retry_scheduled.v1",
         "evt.task.claimed.v1",
-        "evt.task.started.v1",
         "evt.task.completed.v1",
     ]
     positions = [e.position for e in events]
     assert positions == sorted(positions)
-    created, claimed, started, retry, _, _, completed = events
+    created, claimed, retry, _, completed = events
     # The creation's message_id is the task's id: every later event names it as cause.
     assert created.message_id == task_id and created.causation_id is None
     assert {e.causation_id for e in events[1:]} == {str(task_id)}
     assert {e.trace_id for e in events} == {"tr-life"}
-    assert len({e.message_id for e in events}) == 7
+    assert len({e.message_id for e in events}) == 5
+    # A claim starts the attempt: one envelope for both.
     assert claimed.payload["attempt"] == 1 and claimed.payload["lease_until"]
-    assert started.payload["agent_id"] == claimed.payload["agent_id"] == "test-host:1"
+    assert claimed.payload["agent_id"] == "test-host:1"
     assert retry.payload["attempt"] == 1 and retry.payload["error_class"] == "Boom"
     assert retry.payload["next_attempt_at"] and retry.payload["backoff_ms"] == 0
     assert completed.payload["attempt"] == 2
@@ -92,7 +91,6 @@ def test_lease_expiry_failure_revive_and_cancel_are_in_the_stream():
     assert [e.kind for e in events_of(doomed)] == [
         "evt.task.created.v1",
         "evt.task.claimed.v1",
-        "evt.task.started.v1",
         "evt.task.lease_expired.v1",
         "evt.task.dead.v1",
         "evt.task.revived.v1",
@@ -100,7 +98,7 @@ def test_lease_expiry_failure_revive_and_cancel_are_in_the_stream():
     ]
     failed = events_of(refused)[-1]
     assert failed.kind == "evt.task.failed.v1" and failed.payload["to_status"] == "failed"
-    assert [e.kind for e in events_of(abandoned)][3:] == [
+    assert [e.kind for e in events_of(abandoned)][2:] == [
         "evt.task.cancel_requested.v1",
         "evt.task.lease_expired.v1",
         "evt.task.cancelled.v1",
@@ -218,7 +216,7 @@ def test_export_resumes_after_a_kill_with_no_repeat_and_no_gap(
     for event in exported:
         by_task.setdefault(event["payload"]["task_id"], []).append(event["kind"])
     assert set(by_task) == {str(i) for i in ids}
-    expected = [f"evt.task.{kind}.v1" for kind in ("created", "claimed", "started", "completed")]
+    expected = [f"evt.task.{kind}.v1" for kind in ("created", "claimed", "completed")]
     assert all(kinds == expected for kinds in by_task.values())
 
 

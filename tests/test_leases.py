@@ -58,9 +58,7 @@ def _task_take(owner: str, now: datetime) -> tuple[Any, Any] | None:
     )
     if not claimed:
         return None
-    held = (claimed[0].id, claimed[0].lease_token)
-    leasing.start_tasks(owner=owner, held=[held], now=now)
-    return held
+    return claimed[0].id, claimed[0].lease_token
 
 
 def _task_write(owner: str, held: tuple[Any, Any], now: datetime) -> bool:

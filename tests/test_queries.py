@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from task_queue import operations, reaper
-from task_queue.models import Task, TaskHistory, TaskStatus
+from task_queue.models import OutboxEvent, Task, TaskHistory, TaskStatus
 from task_queue.sql import leasing
 from task_queue.sql import outcomes as outcomes_sql
 
@@ -18,9 +18,6 @@ def claim_and_start(owner, now):
     (task,) = leasing.claim_tasks(
         owner=owner, agents=["EchoAgent"], limit=1, lease_seconds=LEASE, now=now
     )
-    assert leasing.start_tasks(owner=owner, held=[(task.id, task.lease_token)], now=now) == {
-        task.id
-    }
     return task
 
 
@@ -95,25 +92,36 @@ def test_a_task_that_keeps_killing_its_worker_ends_dead():
     ]
 
 
-def test_a_lease_that_expires_before_the_task_started_counts_no_attempt():
+def test_a_claim_starts_the_task_and_writes_one_claimed_envelope():
     task_id = operations.enqueue("EchoAgent", "echo").id
     t0 = datetime.now(UTC) + timedelta(seconds=1)
     leasing.claim_tasks(owner="host:1", agents=["EchoAgent"], limit=1, lease_seconds=LEASE, now=t0)
+    task = Task.objects.get(id=task_id)
+    assert (task.status, task.started_at, task.lease_owner) == (TaskStatus.RUNNING, t0, "host:1")
+    assert task.lease_expires_at == t0 + timedelta(seconds=LEASE)
+    (envelope,) = OutboxEvent.objects.filter(subject_id=str(task_id)).exclude(
+        kind="evt.task.created.v1"
+    )
+    assert envelope.kind == "evt.task.claimed.v1"
+    assert envelope.payload == {
+        "task_id": str(task_id),
+        "agent_type": "EchoAgent",
+        "agent_id": "host:1",
+        "attempt": 1,
+        "lease_until": envelope.payload["lease_until"],
+    }
+
+
+def test_a_lease_left_by_an_older_worker_before_its_start_counts_no_attempt():
+    """Workers before the claim started tasks left them ``leased`` until a second
+    statement: such a lease running out gives the task back without an attempt."""
+    task_id = operations.enqueue("EchoAgent", "echo").id
+    t0 = datetime.now(UTC) + timedelta(seconds=1)
+    leasing.claim_tasks(owner="host:1", agents=["EchoAgent"], limit=1, lease_seconds=LEASE, now=t0)
+    Task.objects.filter(id=task_id).update(status=TaskStatus.LEASED, started_at=None)
     reaper.reap_expired_leases(now=t0 + timedelta(seconds=LEASE + 1))
     task = Task.objects.get(id=task_id)
     assert (task.status, task.attempts, task.error_info) == (TaskStatus.PENDING, 0, None)
-
-
-def test_cancel_of_a_leased_task_keeps_it_from_starting():
-    task_id = operations.enqueue("EchoAgent", "echo").id
-    (task,) = leasing.claim_tasks(
-        owner="host:1", agents=["EchoAgent"], limit=1, lease_seconds=LEASE, now=None
-    )
-    assert operations.cancel([task_id], actor="user:test") == {task_id: "cancelled"}
-    assert (
-        leasing.start_tasks(owner="host:1", held=[(task.id, task.lease_token)], now=None) == set()
-    )
-    assert Task.objects.get(id=task_id).status == TaskStatus.CANCELLED
 
 
 def test_only_one_reaper_runs_at_a_time():

@@ -64,6 +64,11 @@ class ClaimedTask:
 # claimed; with several agents, rows locked but not chosen are let go when the
 # statement commits. Paused agents (paused_agents) are left out before any row is
 # locked.
+#
+# A worker claims only as many tasks as it has free slots, so a claimed task goes
+# straight to running (its attempt starts now): one write per task, and one
+# envelope (evt.task.claimed.v1, seed 000), written here rather than by a trigger
+# because this statement is the only one that grants a task's lease.
 CLAIM_TASKS = f"""
 WITH due AS (
     SELECT t.id, t.priority, t.created_at
@@ -82,22 +87,40 @@ WITH due AS (
 ),
 chosen AS (
     SELECT id FROM due ORDER BY priority, created_at LIMIT %(limit)s
+),
+claimed AS (
+    UPDATE tasks t
+    SET status = 'running',
+        {TASK_LEASE.grant()},
+        started_at = {NOW},
+        updated_at = {NOW}
+    FROM chosen
+    WHERE t.id = chosen.id
+    RETURNING t.id, t.agent_name, t.task_type, t.payload, t.attempts, t.max_attempts,
+              t.workflow_id, t.trace_id, t.lease_token, t.payload_ref, t.lease_owner,
+              t.lease_expires_at
+),
+envelopes AS (
+    INSERT INTO event_outbox (kind, trace_id, causation_id, subject_id, emitted_at,
+                              payload)
+    SELECT 'evt.task.claimed.v1', trace_id, id::text, id::text, {NOW},
+           jsonb_build_object('task_id', id, 'agent_type', agent_name,
+                              'agent_id', lease_owner, 'attempt', attempts + 1,
+                              'lease_until', lease_expires_at)
+    FROM claimed
+    ORDER BY id
 )
-UPDATE tasks t
-SET status = 'leased',
-    {TASK_LEASE.grant()},
-    updated_at = {NOW}
-FROM chosen
-WHERE t.id = chosen.id
-RETURNING t.id, t.agent_name, t.task_type, t.payload, t.attempts, t.max_attempts,
-          t.workflow_id, t.trace_id, t.lease_token, t.payload_ref
+SELECT id, agent_name, task_type, payload, attempts, max_attempts, workflow_id, trace_id,
+       lease_token, payload_ref
+FROM claimed
 """
 
 
 def claim_tasks(
     *, owner: str, agents: Sequence[str], limit: int, lease_seconds: float, now: datetime | None
 ) -> list[ClaimedTask]:
-    """Lease up to ``limit`` due pending tasks of ``agents``, best priority first."""
+    """Lease up to ``limit`` due pending tasks of ``agents``, best priority first, and
+    start them (status ``running``)."""
     params = {
         "owner": owner,
         "agents": list(agents),
@@ -110,22 +133,6 @@ def claim_tasks(
         ClaimedTask(task_id, agent, task_type, json.loads(payload), *rest)
         for task_id, agent, task_type, payload, *rest in fetch(CLAIM_TASKS, params)
     ]
-
-
-START_TASKS = f"""
-UPDATE tasks t
-SET status = 'running', started_at = {NOW}, updated_at = {NOW}
-FROM {HELD}
-WHERE {FENCED} AND t.status = 'leased'
-RETURNING t.id
-"""
-
-
-def start_tasks(
-    *, owner: str, held: Sequence[tuple[UUID, UUID]], now: datetime | None
-) -> set[UUID]:
-    """Move leased tasks to running; returns the ids still held (not cancelled meanwhile)."""
-    return {row[0] for row in fetch(START_TASKS, held_params(owner, held, now))}
 
 
 HEARTBEAT = f"""

@@ -16,9 +16,7 @@ OWNER = "test-host:1"
 
 def claimed_and_started(agent: str) -> list[leasing.ClaimedTask]:
     """Every due pending task of ``agent``, leased by ``OWNER`` and running."""
-    tasks = leasing.claim_tasks(owner=OWNER, agents=[agent], limit=1000, lease_seconds=30, now=None)
-    leasing.start_tasks(owner=OWNER, held=[(t.id, t.lease_token) for t in tasks], now=None)
-    return tasks
+    return leasing.claim_tasks(owner=OWNER, agents=[agent], limit=1000, lease_seconds=30, now=None)
 
 
 def claim_and_start(agent: str) -> list[tuple[UUID, UUID]]:
