@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from django.db import transaction
 
@@ -24,6 +24,7 @@ from task_queue.sql import enqueue as enqueue_sql
 from task_queue.sql import operator
 
 from . import audit, blobs, registry
+from .ids import time_ordered_ids
 from .models import (
     MAX_ATTEMPTS_LIMIT,
     PRIORITY_MAX,
@@ -146,7 +147,7 @@ def enqueue_many(
             )
         _check_workflows(rows, prefix, indexed)
         results = enqueue_sql.enqueue_tasks(
-            [uuid4() for _ in rows], [row["line"] for row in rows],
+            time_ordered_ids(len(rows)), [row["line"] for row in rows],
             [row["idempotency_key"] for row in rows],
         )  # fmt: skip
         for index, (row, result) in enumerate(zip(rows, results, strict=True)):
