@@ -86,8 +86,10 @@ def task_times(workflow_id: UUID) -> list[tuple[UUID, datetime | None, datetime 
     return fetch(TASK_TIMES, {"workflow_id": workflow_id})
 
 
-DELETE_WORKFLOW_TASKS = """
-WITH doomed AS (SELECT id FROM tasks WHERE workflow_id = %(workflow_id)s),
+# A benchmark's tasks with their history, events and embedding jobs; {doomed} selects
+# the tasks' ids.
+_DELETE_TASKS = """
+WITH doomed AS ({doomed}),
 events AS (
     SELECT id FROM agent_events WHERE task_id IN (SELECT id FROM doomed)
 ),
@@ -96,11 +98,20 @@ deleted_events AS (DELETE FROM agent_events WHERE id IN (SELECT id FROM events))
 history AS (DELETE FROM task_history WHERE task_id IN (SELECT id FROM doomed))
 DELETE FROM tasks WHERE id IN (SELECT id FROM doomed)
 """
+DELETE_WORKFLOW_TASKS = _DELETE_TASKS.format(
+    doomed="SELECT id FROM tasks WHERE workflow_id = %(workflow_id)s"
+)
+DELETE_TASKS = _DELETE_TASKS.format(doomed="SELECT unnest(%(ids)s::uuid[]) AS id")
 
 
 def delete_workflow_tasks(workflow_id: UUID) -> int:
     """Delete a workflow's tasks with their history, events and embedding jobs."""
     return execute(DELETE_WORKFLOW_TASKS, {"workflow_id": workflow_id})
+
+
+def delete_tasks(ids: Sequence[UUID]) -> int:
+    """Delete these tasks with their history, events and embedding jobs."""
+    return execute(DELETE_TASKS, {"ids": list(ids)})
 
 
 # The WAL's current position in bytes, and the process id of this session's backend

@@ -24,6 +24,7 @@ from task_queue.sql import enqueue as enqueue_sql
 from task_queue.sql import operator
 
 from . import audit, blobs, registry
+from .ids import time_ordered_ids
 from .models import (
     MAX_ATTEMPTS_LIMIT,
     PRIORITY_MAX,
@@ -118,27 +119,37 @@ def enqueue(
 def enqueue_many(
     specs: Sequence[TaskSpec], *, prefix: str = "tasks", indexed: bool = True
 ) -> list[Enqueued]:
-    """Enqueue tasks in one statement; all or none.
+    """Enqueue tasks in one transaction; all or none.
 
     Raises :class:`InvalidTask` or :class:`IdempotencyConflict`, naming the field as
     ``{prefix}[i].field`` (just ``field`` when not ``indexed``). A task whose
     idempotency key exists already, from the same request, is returned with
     ``created`` false; from a different request, it is a conflict.
+
+    A spec given several times (``[spec] * 1000``) is validated and encoded once.
     """
-    rows = [
-        _validated(spec, index if indexed else None, prefix) for index, spec in enumerate(specs)
-    ]
-    if not rows:
+    if not specs:
         return []
+    distinct: dict[int, dict[str, Any]] = {}
+    rows = []
+    for index, spec in enumerate(specs):
+        row = distinct.get(id(spec))
+        if row is None:
+            row = distinct[id(spec)] = _validated(spec, index if indexed else None, prefix)
+        rows.append(row)
     with transaction.atomic():
         # Only once every task is valid, in the transaction that references the blob
         # (so the collector leaves it alone: task_queue.blobs).
-        for row in rows:
-            _, row["payload_ref"] = blobs.offload(row.pop("payload_json"))
-            if row["payload_ref"]:
-                row["payload"] = {}
+        for row in distinct.values():
+            row["payload"], row["payload_ref"] = blobs.offload(row.pop("payload_json"))
+            row["line"] = enqueue_sql.copy_line(
+                [row[name] for name in enqueue_sql.INPUT_COLUMNS[1:]]
+            )
         _check_workflows(rows, prefix, indexed)
-        results = enqueue_sql.enqueue_tasks(rows)
+        results = enqueue_sql.enqueue_tasks(
+            time_ordered_ids(len(rows)), [row["line"] for row in rows],
+            [row["idempotency_key"] for row in rows],
+        )  # fmt: skip
         for index, (row, result) in enumerate(zip(rows, results, strict=True)):
             # A task keyed before fingerprints were kept (None) matches any request.
             if (
@@ -148,7 +159,7 @@ def enqueue_many(
             ):
                 path = f"{prefix}[{index}].idempotency_key" if indexed else "idempotency_key"
                 raise IdempotencyConflict(row["idempotency_key"], result.id, path)
-        enqueue_sql.notify_agents([row["agent_name"] for row in rows])
+        enqueue_sql.notify_agents([row["agent_name"] for row in distinct.values()])
     return [Enqueued(result.id, result.created) for result in results]
 
 

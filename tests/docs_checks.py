@@ -235,6 +235,18 @@ class QueueBench(Check):
         assert cost["postgres_cpu_us"] > 0 and cost["worker_cpu_us"] > 0 and cost["wal_bytes"] > 0
 
 
+class EnqueueBench(Check):
+    def setup(self, opts: dict[str, Any]) -> int:
+        return Task.objects.count()
+
+    def verify(self, opts: dict[str, Any], before: int, run: Run) -> None:
+        report = json.loads(run.output)
+        for mode in ("api", "cli", "python"):
+            assert len(report[mode]["tasks_per_s"]) == opts["repeat"] and report[mode]["median"] > 0
+        assert report["machine"]["cpus"] and report["machine"]["postgresql"]
+        assert Task.objects.count() == before  # the bench removes its tasks
+
+
 class Up(Check):
     def setup(self, opts: dict[str, Any]) -> None:
         pytest.skip(f"up starts every process; {UP_IS_TESTED_BY} runs it (slow)")
@@ -255,5 +267,6 @@ CHECKS: dict[str, Check] = {
     "seed_tasks": SeedTasks(),
     "dashboard_bench": DashboardBench(),
     "queue_bench": QueueBench(),
+    "enqueue_bench": EnqueueBench(),
     "up": Up(),
 }

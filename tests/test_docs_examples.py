@@ -60,10 +60,12 @@ HEAVY_BOUNDS = {
     "queue_bench": ["--tasks", "200", "--workers", "1", "--latency-samples", "5"],
     "seed_tasks": ["--count", "2000"],
     "dashboard_bench": ["--repeat", "2"],
+    "enqueue_bench": ["--requests", "2", "--batch", "10", "--count", "20", "--repeat", "1"],
 }
 # Commands that leave nothing later examples build on: not replayed (page_so_far).
 LEAVE_NOTHING = {
     "queue_stats", "embedded_db", "export_events", "dashboard_bench", "migrate", "queue_bench",
+    "enqueue_bench",
 }  # fmt: skip
 SERVER_URL = "http://127.0.0.1:8000"
 BROKERS = {

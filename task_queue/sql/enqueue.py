@@ -2,45 +2,50 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+from django.db import connection
+
 from task_queue.sql.channels import NOTIFY_CHANNEL
 from task_queue.sql.db import NOW, fetch
 
-ENQUEUE_TASKS = f"""
-WITH input AS MATERIALIZED (
-    SELECT gen_random_uuid() AS id, r.*
-    FROM jsonb_to_recordset(%(tasks)s::jsonb) AS r(
-        ord int, workflow_id uuid, agent_name text, task_type text, payload jsonb,
-        payload_ref text, priority int, max_attempts int, available_at timestamptz,
-        delay_seconds float8, idempotency_key text, idempotency_fingerprint text,
-        trace_id text)
-),
-inserted AS (
-    INSERT INTO tasks (id, workflow_id, agent_name, task_type, payload, payload_ref, priority,
-                       max_attempts, available_at, idempotency_key, idempotency_fingerprint,
-                       trace_id, created_at, updated_at)
-    SELECT input.id, workflow_id, agent_name, task_type, payload, payload_ref, priority,
-           max_attempts,
-           COALESCE(input.available_at,
-                    {NOW} + make_interval(secs => COALESCE(delay_seconds, 0))),
-           idempotency_key, idempotency_fingerprint, trace_id, clock_timestamp(), {NOW}
-    FROM input
-    ORDER BY ord
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id
-)
-SELECT input.ord, COALESCE(inserted.id, existing.id), inserted.id IS NOT NULL,
-       existing.idempotency_fingerprint
+# The tasks being enqueued, streamed in by COPY (no JSON to parse, no parameters to
+# quote). One per session, created on its first enqueue; INSERT_STAGED_TASKS empties
+# it again, and a commit or a rollback does too.
+CREATE_ENQUEUE_INPUT = """
+CREATE TEMP TABLE IF NOT EXISTS enqueue_input (
+    ord bigint GENERATED ALWAYS AS IDENTITY, id uuid NOT NULL, workflow_id uuid,
+    agent_name text NOT NULL, task_type text NOT NULL, payload jsonb NOT NULL,
+    payload_ref text, priority int NOT NULL, max_attempts int NOT NULL,
+    available_at timestamptz, delay_seconds float8, idempotency_key text,
+    idempotency_fingerprint text, trace_id text
+) ON COMMIT DELETE ROWS
+"""
+
+# The columns a COPY line gives, in order (ord is numbered as the lines arrive).
+INPUT_COLUMNS = (
+    "id", "workflow_id", "agent_name", "task_type", "payload", "payload_ref", "priority",
+    "max_attempts", "available_at", "delay_seconds", "idempotency_key",
+    "idempotency_fingerprint", "trace_id",
+)  # fmt: skip
+COPY_ENQUEUE_INPUT = f"COPY enqueue_input ({', '.join(INPUT_COLUMNS)}) FROM STDIN"
+
+# In input order, so created_at (the clock at each row) keeps the order of the batch.
+# A task whose idempotency key exists already is skipped (enqueue_tasks finds it).
+INSERT_STAGED_TASKS = f"""
+WITH input AS (DELETE FROM enqueue_input RETURNING *)
+INSERT INTO tasks (id, workflow_id, agent_name, task_type, payload, payload_ref, priority,
+                   max_attempts, available_at, idempotency_key, idempotency_fingerprint,
+                   trace_id, created_at, updated_at)
+SELECT id, workflow_id, agent_name, task_type, payload, payload_ref, priority, max_attempts,
+       COALESCE(available_at, {NOW} + make_interval(secs => COALESCE(delay_seconds, 0))),
+       idempotency_key, idempotency_fingerprint, trace_id, clock_timestamp(), {NOW}
 FROM input
-LEFT JOIN inserted ON inserted.id = input.id
-LEFT JOIN tasks existing
-       ON inserted.id IS NULL AND existing.idempotency_key = input.idempotency_key
-ORDER BY input.ord
+ORDER BY ord
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 """
 
 
@@ -58,28 +63,50 @@ class EnqueueResult:
     existing_fingerprint: str | None
 
 
-def enqueue_tasks(tasks: Sequence[dict[str, Any]]) -> list[EnqueueResult]:
-    """Insert tasks; one result per input, in order.
+# COPY's text format: these four characters are escaped, and \N is NULL.
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
 
-    A task whose idempotency key exists already is not inserted: that row's id
-    comes back with ``created`` false.
+
+def copy_line(values: Sequence[Any]) -> str:
+    """A row for COPY (text format), without its line end: ``values`` as their
+    ``str``, None as NULL."""
+    return "\t".join(
+        "\\N" if value is None else str(value).translate(_COPY_ESCAPES) for value in values
+    )
+
+
+def enqueue_tasks(
+    ids: Sequence[UUID], lines: Sequence[str], keys: Sequence[str | None]
+) -> list[EnqueueResult]:
+    """Insert tasks, one :func:`copy_line` each (``INPUT_COLUMNS`` after the id);
+    one result per input, in order.
+
+    ``keys`` are the tasks' idempotency keys. A task whose key exists already (from
+    an earlier transaction, a concurrent one that committed first, or earlier in
+    this batch) is not inserted: that row's id comes back with ``created`` false.
     """
-    rows = [{**task, "ord": i} for i, task in enumerate(tasks)]
-    result = fetch(ENQUEUE_TASKS, {"tasks": json.dumps(rows, default=str), "now": None})
-    missing = [rows[ord_]["idempotency_key"] for ord_, task_id, _, _ in result if task_id is None]
-    # A key whose row a concurrent transaction committed after this statement's
-    # snapshot, or that came twice in this batch, is looked up anew.
+    with connection.cursor() as cursor:
+        cursor.execute(CREATE_ENQUEUE_INPUT)
+        with cursor.copy(COPY_ENQUEUE_INPUT) as copy:
+            copy.write("".join(f"{id_}\t{line}\n" for id_, line in zip(ids, lines, strict=True)))
+        cursor.execute(INSERT_STAGED_TASKS, {"now": None})
+    keyed = [key for key in keys if key is not None]
+    # Each statement sees what committed before it started (READ COMMITTED), so a key
+    # the insert skipped for a concurrent transaction's row is found here.
     found = {
         key: (task_id, fingerprint)
         for key, task_id, fingerprint in (
-            fetch(FIND_TASKS_BY_IDEMPOTENCY_KEY, {"keys": missing}) if missing else []
+            fetch(FIND_TASKS_BY_IDEMPOTENCY_KEY, {"keys": keyed}) if keyed else []
         )
     }
     results = []
-    for ord_, task_id, created, fingerprint in result:
-        if task_id is None:
-            task_id, fingerprint = found[rows[ord_]["idempotency_key"]]
-        results.append(EnqueueResult(task_id, created, fingerprint))
+    for id_, key in zip(ids, keys, strict=True):
+        if key is None:
+            results.append(EnqueueResult(id_, True, None))
+            continue
+        task_id, fingerprint = found[key]
+        created = task_id == id_
+        results.append(EnqueueResult(task_id, created, None if created else fingerprint))
     return results
 
 

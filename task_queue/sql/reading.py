@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from uuid import UUID
 
 from task_queue.sql.db import fetch
 
@@ -180,3 +181,42 @@ FROM unnest(%(agents)s::text[]) AS agent(name)
 def oldest_pending_age_by_agent(agents: Sequence[str]) -> dict[str, float | None]:
     """Agent → seconds its longest-waiting due task has waited (None: none waits)."""
     return dict(fetch(OLDEST_PENDING_AGE_BY_AGENT, {"agents": list(agents)}))
+
+
+def _api_time(column: str) -> str:
+    """``column`` (timestamptz) as JSON text the way the API writes a time (Django's
+    JSON encoder): UTC, milliseconds cut rather than rounded, no fraction when there
+    is none, and ``Z``. NULL stays NULL."""
+    utc = f"({column} AT TIME ZONE 'UTC')"
+    return (
+        f"to_char({utc}, CASE WHEN date_part('microseconds', {utc})::bigint %% 1000000 = 0 "
+        """THEN 'YYYY-MM-DD"T"HH24:MI:SS"Z"' ELSE 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"' END)"""
+    )
+
+
+# Tasks as the API's TaskOut shows them, as one JSON array in the order of ``ids``
+# (an id given twice is there twice): built by PostgreSQL, so answering a batch of
+# 1,000 new tasks makes no Python object per task. tests/test_api_tasks.py compares
+# it with the API's own rendering of each task.
+TASKS_AS_API_JSON = f"""
+SELECT COALESCE(json_agg(shown ORDER BY given.ord), '[]')::text
+FROM unnest(%(ids)s::uuid[]) WITH ORDINALITY AS given(id, ord)
+JOIN tasks t ON t.id = given.id
+CROSS JOIN LATERAL (
+    SELECT t.id, t.workflow_id, t.agent_name, t.task_type, t.payload, t.payload_ref,
+           t.priority, t.status, t.attempts, t.max_attempts,
+           {_api_time("t.available_at")} AS available_at, t.lease_owner,
+           {_api_time("t.lease_expires_at")} AS lease_expires_at,
+           {_api_time("t.cancel_requested_at")} AS cancel_requested_at, t.error_info,
+           t.result, t.result_ref, '[]'::json AS omitted, t.idempotency_key, t.trace_id,
+           {_api_time("t.started_at")} AS started_at,
+           {_api_time("t.finished_at")} AS finished_at,
+           {_api_time("t.created_at")} AS created_at,
+           {_api_time("t.updated_at")} AS updated_at
+) AS shown
+"""
+
+
+def tasks_as_api_json(ids: Sequence[UUID]) -> str:
+    """The JSON array of these tasks as the API shows them (``TASKS_AS_API_JSON``)."""
+    return fetch(TASKS_AS_API_JSON, {"ids": list(ids)})[0][0]

@@ -6,12 +6,13 @@ from typing import Annotated
 from uuid import UUID
 
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from ninja import Body, Query, Router, Status
 from pydantic import Field
 
 from task_queue import blobs, operations
 from task_queue.models import REVIVABLE_STATUSES, Task
+from task_queue.sql import reading
 
 from ..auth import ADMIN, READ, WRITE
 from ..errors import ERROR_RESPONSES, ApiError
@@ -71,10 +72,15 @@ def create_tasks(request: HttpRequest, body: Body[TaskCreateBody]):
     task in order, 201 if any is new; all are created or none."""
     if isinstance(body, list):
         results = operations.enqueue_many([_spec(t) for t in body], prefix="")
-        tasks = Task.objects.in_bulk([r.id for r in results])
         created = sum(r.created for r in results)
-        items = [tasks[r.id] for r in results]
-        return Status(201 if created else 200, {"items": items, "created": created})
+        # TaskBatchOut, written by PostgreSQL: up to 1,000 tasks through ORM objects
+        # and the response schema cost several times the enqueue itself.
+        items = reading.tasks_as_api_json([r.id for r in results])
+        return HttpResponse(
+            f'{{"items": {items}, "created": {created}}}',
+            status=201 if created else 200,
+            content_type="application/json; charset=utf-8",
+        )
     result = operations.enqueue_many([_spec(body)], indexed=False)[0]
     return Status(201 if result.created else 200, _task(result.id))
 

@@ -36,7 +36,8 @@ class Command(BaseCommand):
             delay_seconds=options["delay"],
         )
         try:
-            enqueued = enqueue_many([TaskSpec(**spec) for _ in range(options["count"])])
+            # One spec, many times: enqueue_many validates and encodes it once.
+            enqueued = enqueue_many([TaskSpec(**spec)] * options["count"])
         except InvalidTask as error:
             option = {"agent_name": "AGENT", "task_type": "TASK_TYPE"}.get(
                 error.field, "--" + error.field.replace("_seconds", "").replace("_", "-")

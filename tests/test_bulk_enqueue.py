@@ -1,0 +1,104 @@
+"""Bulk enqueue (issue 15, target 6): tasks go in by COPY through a staging table,
+with time-ordered ids, and a batch is answered with JSON that PostgreSQL writes.
+Every guarantee of ``enqueue_many`` holds on that path."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from django.db import transaction
+
+from automechanica.api.schemas import TaskOut
+from task_queue.models import OutboxEvent, Task
+from task_queue.operations import TaskSpec, enqueue_many
+from tests.support.api import ECHO
+from tests.support.queue import claim_and_start, complete_pending, fail_pending
+
+pytestmark = pytest.mark.django_db
+
+# What COPY's text format would misread unescaped: its separator, line ends, its
+# escape character and its NULL marker; and text beyond ASCII.
+AWKWARD = "tab\there\nnew\rline back\\slash \\N é ✓"
+
+
+def test_text_that_copy_would_misread_arrives_as_given():
+    payload = {AWKWARD: [AWKWARD, "\\", "\\\\N"], "n": 1.5}
+    spec = TaskSpec(
+        "EchoAgent", "echo", payload, idempotency_key=AWKWARD, trace_id="\\N"
+    )  # fmt: skip
+    [enqueued] = enqueue_many([spec])
+
+    task = Task.objects.get(id=enqueued.id)
+    assert task.payload == payload
+    assert (task.idempotency_key, task.trace_id) == (AWKWARD, "\\N")
+    event = OutboxEvent.objects.get(kind="evt.task.created.v1", subject_id=str(task.id))
+    assert event.trace_id == "\\N"
+
+
+def test_each_call_inserts_its_own_tasks_within_one_transaction():
+    with transaction.atomic():
+        first = enqueue_many([TaskSpec("EchoAgent", "echo", {"call": 1})] * 2)
+        second = enqueue_many([TaskSpec("EchoAgent", "echo", {"call": 2})] * 3)
+    assert len({task.id for task in first + second}) == 5
+    assert sorted(Task.objects.values_list("payload__call", flat=True)) == [1, 1, 2, 2, 2]
+
+
+def test_a_rolled_back_enqueue_leaves_nothing_for_the_next():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        enqueue_many([TaskSpec("EchoAgent", "echo", {"rolled_back": True})])
+        raise RuntimeError
+    [kept] = enqueue_many([TaskSpec("EchoAgent", "echo", {"kept": True})])
+    assert list(Task.objects.values_list("id", flat=True)) == [kept.id]
+
+
+def test_ids_grow_in_the_order_of_the_batch():
+    enqueued = enqueue_many([TaskSpec("EchoAgent", "echo", {"n": n}) for n in range(50)])
+    ids = [task.id for task in enqueued]
+    assert ids == sorted(ids) and {i.version for i in ids} == {7}
+    by_creation = Task.objects.order_by("created_at").values_list("id", "payload__n")
+    assert list(by_creation) == [(task_id, n) for n, task_id in enumerate(ids)]
+
+
+def test_a_spec_given_many_times_makes_a_task_each_or_one_by_its_key():
+    many = enqueue_many([TaskSpec("EchoAgent", "echo", {"same": True})] * 4)
+    assert len({task.id for task in many}) == 4 and all(task.created for task in many)
+    keyed = enqueue_many([TaskSpec("EchoAgent", "echo", idempotency_key="one")] * 3)
+    assert len({task.id for task in keyed}) == 1
+    assert [task.created for task in keyed] == [True, False, False]
+    assert OutboxEvent.objects.filter(kind="evt.task.created.v1").count() == 5
+
+
+def test_a_batch_answer_shows_each_task_as_its_own_page_does(api):
+    # Existing tasks with their other fields filled: one completed with a result, one
+    # failed with its error; and one running (lease, start).
+    old = api.post("/api/v1/tasks", {**ECHO, "idempotency_key": "old", "trace_id": "t"}).json()
+    complete_pending("EchoAgent", result={"ok": AWKWARD})
+    api.post("/api/v1/tasks", {**ECHO, "idempotency_key": "failed"})
+    fail_pending("EchoAgent", retryable=False)
+    api.post("/api/v1/tasks", {**ECHO, "idempotency_key": "running"})
+    claim_and_start("EchoAgent")
+    on_the_second = datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC)  # no fraction to write
+    batch = [
+        {**ECHO, "payload": {"text": AWKWARD, "big": 10**30, "x": 0.25}},
+        {**ECHO, "idempotency_key": "old", "trace_id": "t"},
+        {**ECHO, "available_at": on_the_second.isoformat(), "priority": 9},
+        {**ECHO, "payload": {"text": AWKWARD, "big": 10**30, "x": 0.25}, "delay_seconds": 1.5},
+        {**ECHO, "idempotency_key": "failed"},
+        {**ECHO, "idempotency_key": "running"},
+    ]
+    response = api.post("/api/v1/tasks", batch)
+
+    assert response.status_code == 201 and response["Content-Type"].startswith("application/json")
+    answer = response.json()
+    assert answer["created"] == 3
+    assert answer["items"][1]["id"] == old["id"]
+    assert answer["items"][2]["available_at"] == "2031-05-06T07:08:09Z"
+    for item in answer["items"]:
+        assert list(item) == list(TaskOut.model_fields)
+        page = api.get(f"/api/v1/tasks/{item['id']}").json()
+        assert item == {name: page[name] for name in TaskOut.model_fields}
+    assert answer["items"][1]["status"] == "completed"
+    assert answer["items"][1]["result"] == {"ok": AWKWARD}
+    assert answer["items"][4]["status"] == "failed" and answer["items"][4]["error_info"]
+    assert answer["items"][5]["status"] == "running" and answer["items"][5]["lease_owner"]
