@@ -48,6 +48,7 @@ class Command(BaseCommand):
                 "/dead-letter/?agent=FitmentAgent&error_class=TimeoutError"
             ),
             "dead letter, agent": "/dead-letter/?agent=FitmentAgent",
+            "dead letter, error class": "/dead-letter/?error_class=TimeoutError",
             "dead letter, task type": "/dead-letter/?task_type=seed:FitmentAgent",
             "dead letter, since": "/dead-letter/?since=2000-01-01T00:00",
             "dead letter count": "/dead-letter/count/?agent=FitmentAgent",
