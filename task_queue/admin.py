@@ -4,8 +4,8 @@ Tasks are read here and changed only through actions (revive, cancel) that go
 through ``task_queue.operations``, so each change is fenced like the workers' and
 written to the audit log; the dashboard edits payloads the same way. Lists stay
 fast on a large table: newest first through ``tasks_created_idx``, filters offered
-from the agent registry rather than read with SELECT DISTINCT, and an estimated
-row count when nothing is filtered.
+from the agent registry rather than read with SELECT DISTINCT, and the row count of
+an unfiltered list from the running totals (``task_queue.stats``).
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ from django.urls import reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
-from task_queue.sql import reading
-
-from . import audit, operations, registry
+from . import audit, operations, registry, stats
 from .models import (
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -39,7 +37,6 @@ from .models import (
     Worker,
     payload_text,
 )
-from .stats import EXACT_COUNT_BELOW_ROWS
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -55,15 +52,13 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-class EstimatedCountPaginator(Paginator):
-    """The planner's row estimate for an unfiltered list of a large tasks table."""
+class TotalCountPaginator(Paginator):
+    """An unfiltered list of tasks counted from the running totals, not the table."""
 
     @cached_property
     def count(self) -> int:
         if not self.object_list.query.where:
-            estimate = reading.estimated_table_rows()
-            if estimate >= EXACT_COUNT_BELOW_ROWS:
-                return int(estimate)
+            return sum(n for _, _, n in stats.task_counts())
         return super().count
 
 
@@ -129,7 +124,7 @@ class TaskAdmin(ReadOnlyAdmin):
     search_help_text = "A task id, a task type, or text in the payload."
     search_fields = ["task_type"]  # see get_search_results
     ordering = ["-created_at", "-id"]
-    paginator = EstimatedCountPaginator
+    paginator = TotalCountPaginator
     show_full_result_count = False
     inlines = [TaskHistoryInline]
     actions = ["revive", "cancel"]

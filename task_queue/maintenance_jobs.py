@@ -7,12 +7,17 @@
 - once a minute, positions for the event stream's new events, then retention
   (``task_queue.retention``);
 - every ten minutes, the blobs no row references any more
-  (``task_queue.blob_collection``).
+  (``task_queue.blob_collection``);
+- once a minute, the task counters of backends that ended folded into one row per
+  agent and status (``task_queue.sql.counts``), so the counters stay a few rows per
+  live connection.
 """
 
 from __future__ import annotations
 
 import logging
+
+from task_queue.sql import counts
 
 from . import blob_collection, event_stream, maintenance, metrics, reaper, retention
 
@@ -44,9 +49,18 @@ def collect_blobs() -> str | None:
     return f"blob collection: deleted {deleted} unreferenced blob(s)" if deleted else None
 
 
+def fold_task_counts() -> None:
+    counts.fold_ended_backends()
+
+
+# How often the counters of ended backends are folded.
+FOLD_COUNTS_EVERY_SECONDS = 60.0
+
+
 def register() -> None:
     maintenance.register("reaper", reap, order=maintenance.LEASES)
     maintenance.register("metric rollups", roll_up, order=maintenance.ROLLUPS)
+    maintenance.register("task counters", fold_task_counts, every_seconds=FOLD_COUNTS_EVERY_SECONDS)
     maintenance.register(
         "retention",
         sequence_and_prune,

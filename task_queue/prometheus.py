@@ -1,8 +1,7 @@
 """The queue in the Prometheus text format, computed at each scrape (served as
 ``GET /metrics`` by ``automechanica.metrics_view``).
 
-- ``automechanica_tasks{agent,status}``: tasks by status (completed and cancelled
-  estimated on a large table, as on the dashboard);
+- ``automechanica_tasks{agent,status}``: tasks by status (the running totals, exact);
 - ``automechanica_tasks_{created,completed,failed,dead,retried,cancelled}_total{agent}``:
   counters, from the metric rollups plus what happened since the last one, so they
   survive restarts and never reset (the rollups are kept);
@@ -51,8 +50,7 @@ class QueueCollector:
         yield from self._workers_and_backlog(agents)
 
     def _task_counts(self, agents: list[str]) -> Iterator[Metric]:
-        rows, _ = stats.task_counts()
-        counts = {(agent, status): n for agent, status, n in rows}
+        counts = {(agent, status): n for agent, status, n in stats.task_counts()}
         gauge = GaugeMetricFamily(
             "automechanica_tasks", "Tasks by agent and status.", labels=["agent", "status"]
         )

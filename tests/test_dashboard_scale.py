@@ -1,4 +1,4 @@
-"""The commands that measure the dashboard at scale, and the overview's estimates."""
+"""The commands that measure the dashboard at scale."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from automechanica.dashboard import overview
-from task_queue import stats
-from task_queue.models import Task
-from task_queue.sql import reading
+from task_queue.models import Task, TaskStatus
 
 pytestmark = pytest.mark.django_db
 
@@ -51,33 +49,11 @@ def test_seed_tasks_refuses_a_database_without_its_tables():
         call_command("seed_tasks", count=10, stdout=io.StringIO())
 
 
-def test_the_overview_estimates_finished_tasks_on_a_large_table(monkeypatch):
+def test_the_overview_counts_a_seeded_table_exactly():
     call_command("seed_tasks", count=20_000, stdout=io.StringIO())
-    exact = overview.take_snapshot()
-    assert not exact.estimated
-    monkeypatch.setattr(stats, "EXACT_COUNT_BELOW_ROWS", 0)
-    estimated = overview.take_snapshot()
-    assert estimated.estimated
-    # Open statuses stay exact; completed comes from the statistics, within a few %.
-    for status in ("pending", "dead", "failed"):
-        assert estimated.totals[status] == exact.totals[status]
-    assert abs(estimated.totals["completed"] - exact.totals["completed"]) < 0.05 * 20_000
-    assert reading.estimated_table_rows() == pytest.approx(20_000, rel=0.05)
-
-
-def test_a_role_that_may_not_read_the_statistics_gets_exact_counts(monkeypatch):
-    from django.db import connection
-
-    call_command("seed_tasks", count=5_000, stdout=io.StringIO())
-    exact = overview.take_snapshot()
-    monkeypatch.setattr(stats, "EXACT_COUNT_BELOW_ROWS", 0)
-    with connection.cursor() as cursor:  # rolled back with the test's transaction
-        cursor.execute("CREATE ROLE dashboard_reader")
-        cursor.execute("GRANT SELECT ON ALL TABLES IN SCHEMA public TO dashboard_reader")
-        cursor.execute("SET LOCAL ROLE dashboard_reader")
-    assert reading.estimate_tasks_by_agent_and_status() == []
     snapshot = overview.take_snapshot()
-    assert not snapshot.estimated and snapshot.totals == exact.totals
+    for status in TaskStatus.values:
+        assert snapshot.totals[status] == Task.objects.filter(status=status).count(), status
 
 
 def test_dashboard_bench_reports_each_page():
@@ -85,5 +61,14 @@ def test_dashboard_bench_reports_each_page():
     out = io.StringIO()
     call_command("dashboard_bench", repeat=2, json=True, stdout=out)
     report = json.loads(out.getvalue())
-    assert set(report["milliseconds"]) >= {"overview /", "dead letter /dead-letter/"}
+    assert set(report["milliseconds"]) >= {
+        "overview /",
+        "dead letter /dead-letter/",
+        "live snapshot (once a second)",
+        "GET /api/v1/tasks",
+        "GET /api/v1/agents",
+        "GET /api/v1/metrics",
+        "Prometheus /metrics",
+    }
+    assert report["tasks"] == 2_000
     assert all(figures["p50"] > 0 for figures in report["milliseconds"].values())

@@ -17,6 +17,7 @@ def test_the_registered_jobs_run_leases_first_then_retention_then_blob_collectio
         "delivery leases",
         "metric rollups",
         "daily report",
+        "task counters",
         "retention",
         "blob collection",  # after retention, which drops references
     ]

@@ -1,10 +1,9 @@
 """What the overview shows, read in one snapshot.
 
 At scale the tasks table is mostly finished tasks, so nothing here reads all of
-them: pending, held, dead and failed tasks are counted exactly through their partial
-indexes; completed and cancelled ones are counted exactly while the table is small
-and estimated from the planner's statistics once it is large; throughput, latency
-and the charts read only the last hour through ``tasks_finished_idx``.
+them: the counts by status are the running totals the writes keep
+(``task_queue.stats``); throughput, latency and the charts read only the last hour
+(the minute rollups, and ``tasks_finished_idx`` for the minutes since).
 """
 
 from __future__ import annotations
@@ -59,7 +58,6 @@ class Snapshot:
     agents: list[AgentLine]
     workers: list[WorkerLine]
     minutes: list[tuple[datetime, int, int]]  # (minute, completed, failed), oldest first
-    estimated: bool  # completed and cancelled counts are the planner's estimates
     totals: dict[str, int] = field(default_factory=dict)
     pruned: dict[str, int] = field(default_factory=dict)  # by retention, last 24 hours
 
@@ -69,8 +67,7 @@ def take_snapshot() -> Snapshot:
     names = sorted(registry.names())
     zero = dict.fromkeys(TaskStatus.values, 0)
     counts: dict[str, dict[str, int]] = {name: dict(zero) for name in names}
-    rows, estimated = stats.task_counts()
-    for agent, status, n in rows:
+    for agent, status, n in stats.task_counts():
         counts.setdefault(agent, dict(zero))[status] = n
     lines = {name: AgentLine(name, c) for name, c in sorted(counts.items())}
     for activity in reading.recent_activity():
@@ -93,7 +90,6 @@ def take_snapshot() -> Snapshot:
         agents=list(lines.values()),
         workers=worker_lines(now),
         minutes=_minutes(now),
-        estimated=estimated,
         totals=totals,
         pruned=RetentionRun.objects.filter(ran_at__gte=now - timedelta(days=1)).aggregate(
             tasks=Coalesce(Sum("tasks"), 0),

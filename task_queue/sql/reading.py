@@ -9,26 +9,6 @@ from uuid import UUID
 
 from task_queue.sql.db import fetch
 
-COUNT_TASKS_BY_AGENT_AND_STATUS = """
-SELECT agent_name, status, count(*) FROM tasks GROUP BY agent_name, status
-"""
-
-
-def count_tasks_by_agent_and_status() -> list[tuple[str, str, int]]:
-    return fetch(COUNT_TASKS_BY_AGENT_AND_STATUS, {})
-
-
-OLDEST_PENDING_AGE = """
-SELECT EXTRACT(EPOCH FROM now() - min(available_at))::float8
-FROM tasks WHERE status = 'pending' AND available_at <= now()
-"""
-
-
-def oldest_pending_age_seconds() -> float | None:
-    """How long the longest-waiting due task has waited, or None if none waits."""
-    return fetch(OLDEST_PENDING_AGE, {})[0][0]
-
-
 # Tasks that reached their final status in the last 15 minutes, per agent: the
 # partial index tasks_finished_idx finds them without reading older tasks.
 RECENT_FINISHED_TASKS = """
@@ -80,63 +60,6 @@ def recent_activity() -> list[RecentActivity]:
     ]
 
 
-# The statuses a dashboard counts exactly, each branch matching one partial index's
-# predicate (pending: tasks_pending_lease_idx; held: tasks_held_lease_idx; dead and
-# failed: tasks_dead_letter_idx), so none reads the bulk of finished tasks.
-COUNT_OPEN_TASKS = """
-SELECT agent_name, 'pending', count(*) FROM tasks WHERE status = 'pending' GROUP BY agent_name
-UNION ALL
-SELECT agent_name, status, count(*) FROM tasks WHERE status IN ('leased', 'running')
-GROUP BY agent_name, status
-UNION ALL
-SELECT agent_name, status, count(*) FROM tasks WHERE status IN ('dead', 'failed')
-GROUP BY agent_name, status
-"""
-
-
-def count_open_tasks() -> list[tuple[str, str, int]]:
-    """(agent, status, count) for pending, leased, running, dead and failed tasks."""
-    return fetch(COUNT_OPEN_TASKS, {})
-
-
-# The planner's own figures: the table's row count scaled to its current size, as the
-# planner does, and the share of each (agent, status) pair from the extended
-# statistics tasks_agent_status_stats (migration queue 0004), as of the last ANALYZE.
-ESTIMATE_TASKS_BY_AGENT_AND_STATUS = """
-WITH size AS (
-    SELECT CASE WHEN c.relpages > 0
-                THEN c.reltuples / c.relpages
-                     * (pg_relation_size(c.oid) / current_setting('block_size')::int)
-                ELSE c.reltuples END AS rows
-    FROM pg_class c WHERE c.oid = 'tasks'::regclass
-)
-SELECT s.most_common_vals[i][1], s.most_common_vals[i][2],
-       round(s.most_common_freqs[i] * size.rows)::bigint
-FROM pg_stats_ext s
-CROSS JOIN size
-CROSS JOIN LATERAL generate_subscripts(s.most_common_freqs, 1) AS i
-WHERE s.statistics_name = 'tasks_agent_status_stats'
-  AND s.schemaname = current_schema() AND s.tablename = 'tasks'
-"""
-
-
-ESTIMATED_TABLE_ROWS = "SELECT reltuples FROM pg_class WHERE oid = 'tasks'::regclass"
-
-
-def estimate_tasks_by_agent_and_status() -> list[tuple[str, str, int]]:
-    """(agent, status, estimated count) for the pairs the last ANALYZE saw; none
-    before the first, and none for a role that does not own the table (PostgreSQL
-    shows extended statistics to the owner only)."""
-    return fetch(ESTIMATE_TASKS_BY_AGENT_AND_STATUS, {})
-
-
-def estimated_table_rows() -> float:
-    """The planner's estimate of the tasks table's row count (-1: never analysed)."""
-    return fetch(ESTIMATED_TABLE_ROWS, {})[0][0]
-
-
-# Completions and failures per minute over the last hour (the overview's charts), from
-# tasks_finished_idx. Minutes with none are absent.
 # Completions and failures per minute over the last hour (the overview's charts): the
 # minute rollups where they are computed, and from the tasks (tasks_finished_idx)
 # for the minutes since. Minutes with none are absent.

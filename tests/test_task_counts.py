@@ -1,0 +1,208 @@
+"""The running totals of tasks by agent and status (``task_queue.sql.counts``, kept by
+the triggers of migration ``queue 0013``) equal a full count of the table, whatever
+path changed the tasks: enqueue, real workers completing, failing and retrying, the
+reaper after a SIGKILL, revive, cancel, run now, retention, deletes, a TRUNCATE."""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import connection, transaction
+from django.db.models import Count
+from django.test import Client
+
+from task_queue import operations, retention, stats
+from task_queue.models import Task, TaskStatus
+from task_queue.operations import TaskSpec
+from task_queue.sql import counts, db
+from tests.support.processes import kill
+from tests.support.queue import complete_pending, fail_pending
+from tests.support.waiting import wait_for
+
+ACTOR = "counts-test"
+
+
+def full_count() -> dict[tuple[str, str], int]:
+    rows = Task.objects.order_by().values_list("agent_name", "status").annotate(n=Count("id"))
+    return {(agent, status): n for agent, status, n in rows}
+
+
+def running_totals() -> dict[tuple[str, str], int]:
+    return {(agent, status): n for agent, status, n in stats.task_counts()}
+
+
+def assert_exact() -> None:
+    """Both read in one snapshot, so they must agree even while workers write (a
+    test already in a transaction has no other writer)."""
+    if connection.in_atomic_block:
+        assert running_totals() == full_count()
+        return
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        totals, counted = running_totals(), full_count()
+    assert totals == counted
+
+
+def shards() -> set[int]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT DISTINCT shard FROM task_counts")
+        return {row[0] for row in cursor.fetchall()}
+
+
+@pytest.mark.django_db
+def test_the_totals_follow_every_kind_of_statement():
+    operations.enqueue_many(
+        [TaskSpec("EchoAgent", "echo", {"n": n}) for n in range(12)]
+        + [TaskSpec("FitmentAgent", "generate_fitment", delay_seconds=600) for _ in range(3)]
+    )
+    assert running_totals() == {("EchoAgent", "pending"): 12, ("FitmentAgent", "pending"): 3}
+    complete_pending("EchoAgent")
+    assert_exact()
+    operations.enqueue_many([TaskSpec("EchoAgent", "echo", {"n": n}) for n in range(4)])
+    failed = fail_pending("EchoAgent", retryable=False)
+    assert len(failed) == 4
+    assert_exact()
+    operations.revive([task_id for task_id, *_ in failed[:2]], actor=ACTOR)
+    operations.cancel([task_id for task_id, *_ in failed[2:]], actor=ACTOR)
+    assert_exact()
+    Task.objects.filter(agent_name="FitmentAgent").update(status=TaskStatus.CANCELLED)
+    five = list(Task.objects.filter(status=TaskStatus.COMPLETED).values_list("id", flat=True)[:5])
+    Task.objects.filter(id__in=five).delete()
+    assert_exact()
+    assert running_totals()[("EchoAgent", "completed")] == 7
+    with connection.cursor() as cursor:
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # no checks pending at TRUNCATE
+        cursor.execute("TRUNCATE tasks CASCADE")
+    assert running_totals() == {} == full_count()
+
+
+@pytest.mark.django_db
+def test_folding_ended_backends_keeps_the_sums_and_the_live_rows():
+    operations.enqueue_many([TaskSpec("EchoAgent", "echo") for _ in range(5)])
+    ended = 2**31 - 1  # no backend has this pid
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO task_counts VALUES ('EchoAgent', 'pending', %s, 3),"
+            " ('EchoAgent', 'pending', 0, -3)",
+            [ended],
+        )
+        cursor.execute("SELECT pg_backend_pid()")
+        (own,) = cursor.fetchone()
+    before = running_totals()
+    assert counts.fold_ended_backends() == 1
+    assert running_totals() == before == {("EchoAgent", "pending"): 5}
+    assert shards() == {0, own}  # this backend is alive: its rows stay its own
+
+
+@pytest.mark.django_db
+def test_the_admins_unfiltered_task_list_is_counted_from_the_totals():
+    operations.enqueue_many([TaskSpec("EchoAgent", "echo") for _ in range(3)])
+    admin = Client()
+    admin.force_login(User.objects.create_superuser("root", "", "pw"))
+    assert b"3 tasks" in admin.get("/admin/queue/task/").content
+    with connection.cursor() as cursor:  # totals that disagree with the table
+        cursor.execute("UPDATE task_counts SET n = n + 1000")
+    assert b"1003 tasks" in admin.get("/admin/queue/task/").content
+    filtered = admin.get("/admin/queue/task/", {"status__exact": "pending"}).content
+    assert b"3 tasks" in filtered  # a filtered list is counted in the table
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_the_totals_stay_exact_through_a_mixed_workload_with_crashes(worker_processes, runs_table):
+    specs = (
+        [TaskSpec("EchoAgent", "echo", {"n": n}) for n in range(150)]
+        + [TaskSpec("EchoAgent", "echo", {"fail": "permanent"}) for _ in range(20)]
+        + [TaskSpec("EchoAgent", "echo", {"fail": "transient"}, max_attempts=1)] * 20
+        + [TaskSpec("EchoAgent", "echo", {"fail": "transient", "fail_times": 1})] * 10
+        + [TaskSpec("EchoAgent", "echo", {"sleep_ms": 120_000}) for _ in range(4)]
+        + [TaskSpec("EchoAgent", "echo", {"later": n}, delay_seconds=3600) for n in range(10)]
+    )
+    enqueued = [e.id for e in operations.enqueue_many(specs)]
+    sleepers, later = enqueued[200:204], enqueued[204:]
+    workers = [worker_processes("EchoAgent", "--concurrency", "8") for _ in range(2)]
+    for worker in workers:
+        worker.wait_ready()
+    # Mid-drain, the totals agree with a count in the same snapshot.
+    for _ in range(5):
+        assert_exact()
+    wait_for(_drained, what="the drain up to the retries' backoff and the sleepers")
+    assert_exact()
+
+    # Operator actions: run the retries now (unless their backoff ended meanwhile),
+    # revive the dead letter, cancel the running sleepers (their workers end them)
+    # and half the delayed tasks.
+    for task in Task.objects.filter(status=TaskStatus.PENDING, payload__fail="transient"):
+        with contextlib.suppress(operations.TaskNotPending):
+            operations.run_now(task.id, actor=ACTOR)
+    dead_letter = list(
+        Task.objects.filter(status__in=["dead", "failed"]).values_list("id", flat=True)
+    )
+    assert len(dead_letter) == 40
+    operations.revive(dead_letter, actor=ACTOR)
+    operations.cancel(sleepers + later[:5], actor=ACTOR)
+    assert_exact()
+    wait_for(
+        lambda: (
+            Task.objects.filter(status=TaskStatus.CANCELLED).count() == 9
+            and Task.objects.filter(status__in=["dead", "failed"]).count() == 40
+            and Task.objects.filter(status=TaskStatus.COMPLETED).count() == 160
+        ),
+        what="the revived, cancelled and retried tasks to end",
+        timeout=60,
+    )
+    assert_exact()
+
+    # A worker SIGKILLed while it runs a task: the reaper gives the task back and
+    # another worker completes it.
+    lease = ["--lease", "1.5", "--reaper-interval", "0.2", "--concurrency", "1"]
+    doomed = worker_processes("CrashTest", *lease).wait_ready()
+    crash_id = operations.enqueue("CrashTest", "crash", {"hang_seconds": 300}).id
+    wait_for(
+        lambda: Task.objects.filter(id=crash_id, status=TaskStatus.RUNNING).exists(),
+        what="the crash task to run",
+    )
+    kill(doomed)
+    worker_processes("CrashTest", *lease).wait_ready()
+    wait_for(
+        lambda: Task.objects.filter(id=crash_id, status=TaskStatus.COMPLETED).exists(),
+        what="the crash task's recovery",
+    )
+    assert_exact()
+
+    # Retention prunes every finished task; a delete takes the rest of the delayed.
+    far = db.database_clock() + timedelta(days=settings.QUEUE_RETENTION_DAYS + 1)
+    pruned = retention.prune(now=far)
+    assert pruned is not None and pruned.tasks == 170  # completed and cancelled
+    assert_exact()
+    Task.objects.filter(id__in=later[5:] + dead_letter).delete()
+    assert_exact()
+    assert running_totals() == {}
+
+    # The killed and stopped workers' counter rows fold into shard 0.
+    for worker in workers:
+        worker.stop()
+    live = {row[0] for row in _pids()}  # a backend may end after this, not begin
+    counts.fold_ended_backends()
+    assert shards() <= {0} | live
+    assert_exact()
+
+
+def _drained() -> bool:
+    """Every task ended but the 4 sleepers (running), the 10 delayed and the 10
+    retries not due yet (pending); the retries may have run once due."""
+    rows = Task.objects.order_by().values_list("status").annotate(n=Count("id"))
+    by_status = dict(rows)
+    done = by_status.pop("completed", 0) + by_status.pop("pending", 0)
+    return done == 170 and by_status == {"failed": 20, "dead": 20, "running": 4}
+
+
+def _pids() -> list[tuple[int]]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity")
+        return cursor.fetchall()
