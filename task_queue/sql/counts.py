@@ -1,6 +1,6 @@
 """The running totals of tasks by agent and status (table ``task_counts``).
 
-Triggers on ``tasks`` (migration ``queue 0013``) keep them in the transaction of
+Triggers on ``tasks`` (migration ``queue 0014``) keep them in the transaction of
 every change, each backend in rows of its own (``shard``, its pid), so readers never
 count the tasks table and writers never wait on each other's counters. Readers sum
 the shards; maintenance folds the rows of backends that ended into shard 0.
