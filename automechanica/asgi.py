@@ -1,20 +1,26 @@
 """ASGI entry point, served by daphne: HTTP through Django, WebSockets through Channels."""
 
 import os
+import sys
 
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
 
+from automechanica.deployment import SettingsRefused
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "automechanica.settings")
 # Django must be set up before anything imports models.
-django_asgi_app = get_asgi_application()
+try:
+    django_asgi_app = get_asgi_application()
+except SettingsRefused as refused:  # the web server refuses in one line, as manage.py does
+    sys.exit(f"automechanica.asgi: {refused}")
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from channels.auth import AuthMiddlewareStack
+from channels.routing import ProtocolTypeRouter, URLRouter
+from channels.security.websocket import AllowedHostsOriginValidator
 
-from automechanica import body_limit  # noqa: E402
-from automechanica.dashboard.routing import websocket_urlpatterns  # noqa: E402
+from automechanica import body_limit
+from automechanica.dashboard.routing import websocket_urlpatterns
 
 # daphne reads a whole body before it calls the application: refuse one over
 # API_MAX_REQUEST_BYTES as it arrives instead.

@@ -77,6 +77,23 @@ def test_a_deployment_without_a_key_refuses_every_command_in_one_line(command):
     ]
 
 
+def test_the_web_server_refuses_in_one_line_too():
+    # daphne imports the application before it listens: the refusal comes first.
+    done = subprocess.run(
+        [sys.executable, "-m", "daphne", "-p", "0", "automechanica.asgi:application"],
+        cwd=REPO,
+        env=operator_env(DATABASE_URL=SERVER),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "automechanica.asgi: DJANGO_SECRET_KEY is unset: a deployment (DATABASE_URL set, "
+        "DJANGO_DEBUG off) needs a key of its own, the same on every machine"
+    ]
+
+
 @pytest.mark.parametrize("placeholder", ["change-me", "CHANGEME", "django-insecure-abc", " "])
 @pytest.mark.parametrize("database", [{}, {"DATABASE_URL": SERVER}, {"DJANGO_DEBUG": "1"}])
 def test_a_placeholder_key_is_refused_everywhere(placeholder, database):
