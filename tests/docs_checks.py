@@ -231,8 +231,11 @@ class QueueBench(Check):
         assert report["tasks"] == opts["tasks"] and report["drain_tasks_per_s"] > 0
         assert report["pickup_latency_ms"]["samples"] == opts["latency_samples"]
         assert report["machine"]["cpus"] and report["machine"]["postgresql"]
-        cost = report["drain_cost_per_task"]  # the embedded server runs on this machine
-        assert cost["postgres_cpu_us"] > 0 and cost["worker_cpu_us"] > 0 and cost["wal_bytes"] > 0
+        # CPU time comes in 10 ms ticks per process, so a 200-task drain may count
+        # none; a server on another machine has no CPU time here (None).
+        cost = report["drain_cost_per_task"]
+        assert cost["postgres_cpu_us"] is None or cost["postgres_cpu_us"] >= 0
+        assert cost["worker_cpu_us"] >= 0 and cost["wal_bytes"] > 0
 
 
 class EnqueueBench(Check):
