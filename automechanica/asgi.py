@@ -1,7 +1,9 @@
 """ASGI entry point, served by daphne: HTTP through Django, WebSockets through Channels."""
 
+import gc
 import os
 import sys
+from importlib import import_module
 
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
@@ -18,9 +20,18 @@ except SettingsRefused as refused:  # the web server refuses in one line, as man
 from channels.auth import AuthMiddlewareStack
 from channels.routing import ProtocolTypeRouter, URLRouter
 from channels.security.websocket import AllowedHostsOriginValidator
+from django.conf import settings
 
 from automechanica import body_limit
 from automechanica.dashboard.routing import websocket_urlpatterns
+
+# The URL configuration (the API, the dashboard) now rather than at the first request,
+# so that what follows covers it.
+import_module(settings.ROOT_URLCONF)
+# Everything loaded by now lives as long as the server: kept out of the garbage
+# collector's full passes, which would otherwise walk all of it every few requests
+# (about 6 ms of each 1,000-task POST /api/v1/tasks).
+gc.freeze()
 
 # daphne reads a whole body before it calls the application: refuse one over
 # API_MAX_REQUEST_BYTES as it arrives instead.

@@ -4,7 +4,9 @@ messages (``agents_app.sql.messages``) and publication deliveries
 (``agents_app.sql.pubsub``).
 
 - **Grant.** A claim gives the row a fresh token (and records its owner, where the
-  table has one) and an end: the statement's clock plus the lease's seconds.
+  table has one) and an end: the statement's clock plus the lease's seconds. The
+  rows one statement grants share its token: a grant is told apart by row and token
+  together, and every statement draws a new one.
 - **Fence.** Every write the holder makes about the row names the row, the token
   and the owner, and touches the row only while that lease still holds it. A holder
   whose lease ran out and whose row was leased again finds its write refused.
@@ -76,7 +78,10 @@ class Lease:
     def grant(self, seconds: str = "%(lease_seconds)s") -> str:
         """SET items that lease the row to ``%(owner)s`` for ``seconds``."""
         items = [
-            f"{self.token} = gen_random_uuid()",
+            # A subquery that refers to no row runs once per statement: one draw from
+            # the kernel's random source instead of one per row (gen_random_uuid reads
+            # it at every call, about 3.5 µs on the embedded server).
+            f"{self.token} = (SELECT gen_random_uuid())",
             f"{self.ends} = {self.now} + make_interval(secs => {seconds})",
         ]
         if self.owner:

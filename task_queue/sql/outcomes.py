@@ -13,11 +13,11 @@ from task_queue.leases import backoff, held_params
 from task_queue.sql.db import NOW, fetch
 from task_queue.sql.leasing import FENCED, HELD, TASK_LEASE
 
-# A completion, in one statement: the task, its history row, and what apps above the
-# queue add to every completion (``add_to_completion``). Those are CTEs over
-# `completed` (columns as its RETURNING names them), written with the task or not at
-# all: agents_app adds the AgentEvent and its embedding job
-# (agents_app.sql.memory.EVENTS_OF_COMPLETED_TASKS).
+# A completion, in one statement: the task, its history row, its evt.task.completed.v1
+# envelope, and what apps above the queue add to every completion
+# (``add_to_completion``). Those are CTEs over `completed` (columns as its RETURNING
+# names them), written with the task or not at all: agents_app adds the AgentEvent
+# and its embedding job (agents_app.sql.memory.EVENTS_OF_COMPLETED_TASKS).
 COMPLETE_TASKS_START = f"""
 WITH held AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(results)s::jsonb[],
@@ -32,7 +32,8 @@ completed AS (
     FROM held
     WHERE {FENCED} AND t.status = 'running'
     RETURNING t.id, t.workflow_id, t.agent_name, t.task_type, t.attempts, t.started_at,
-              t.available_at, held.lease_token, held.result, held.result_ref, held.summary
+              t.available_at, t.trace_id, held.lease_token, held.result, held.result_ref,
+              held.summary
 ),
 """
 COMPLETE_TASKS_END = f"""
@@ -42,6 +43,21 @@ history AS (
     SELECT id, 'completed', 'running', 'completed', attempts + 1, %(owner)s, lease_token,
            started_at, available_at, {NOW}
     FROM completed
+),
+-- The envelope of seed 000, written here rather than by the history trigger, which
+-- leaves completions out (queue 0016): there it cost a completion about a third more.
+envelopes AS (
+    INSERT INTO event_outbox (kind, trace_id, causation_id, subject_id, emitted_at,
+                              payload)
+    SELECT 'evt.task.completed.v1', trace_id, id::text, id::text, {NOW},
+           jsonb_build_object(
+               'task_id', id, 'agent_type', agent_name, 'task_type', task_type,
+               'attempt', attempts + 1, 'agent_id', %(owner)s,
+               'from_status', 'running', 'to_status', 'completed',
+               'duration_ms', round(1000 * extract(epoch FROM {NOW} - started_at)),
+               'result_ref', 'db://tasks/' || id || '/result')
+    FROM completed
+    ORDER BY id
 )
 SELECT id FROM completed
 """
