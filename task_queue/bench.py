@@ -14,6 +14,7 @@ database, with all bookkeeping on (history, AgentEvent, embedding job):
 
 from __future__ import annotations
 
+import gc
 import os
 import platform
 import shutil
@@ -215,11 +216,17 @@ def _pickup_latencies(config: BenchConfig) -> tuple[list[float], list[float]]:
     committed: dict = {}
     interval = 1 / config.latency_rate
     next_at = time.monotonic()
-    for i in range(config.latency_samples):
-        time.sleep(max(0.0, next_at - time.monotonic()))  # the load generator's pacing
-        task = enqueue("EchoAgent", "echo", {"probe": i}, workflow_id=probe.id)
-        committed[task.id] = datetime.now(UTC)
-        next_at += interval
+    # A garbage collection between the commit and the clock reading would date the
+    # commit late and the latency short (even below zero, as seen on a loaded machine).
+    gc.disable()
+    try:
+        for i in range(config.latency_samples):
+            time.sleep(max(0.0, next_at - time.monotonic()))  # the load generator's pacing
+            task = enqueue("EchoAgent", "echo", {"probe": i}, workflow_id=probe.id)
+            committed[task.id] = datetime.now(UTC)
+            next_at += interval
+    finally:
+        gc.enable()
     deadline = time.monotonic() + config.timeout
     while (progress := bench_sql.task_progress(probe.id))[0] < progress[1]:
         if time.monotonic() > deadline:

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from task_queue.leases import Lease, held_params
 from task_queue.sql import locks
-from task_queue.sql.db import NOW, execute, fetch
+from task_queue.sql.db import NOW, execute, fetch, fetch_bound
 
 # Tasks are leased to a worker (lease_owner: its id) while leased or running;
 # the reaper (task_queue.reaper) recovers expired leases.
@@ -131,7 +131,7 @@ def claim_tasks(
     # Django's psycopg setup hands jsonb back as text; JSONField decodes it, raw SQL here.
     return [
         ClaimedTask(task_id, agent, task_type, json.loads(payload), *rest)
-        for task_id, agent, task_type, payload, *rest in fetch(CLAIM_TASKS, params)
+        for task_id, agent, task_type, payload, *rest in fetch_bound(CLAIM_TASKS, params)
     ]
 
 

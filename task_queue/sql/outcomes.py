@@ -10,7 +10,7 @@ from functools import cache
 from uuid import UUID
 
 from task_queue.leases import backoff, held_params
-from task_queue.sql.db import NOW, fetch
+from task_queue.sql.db import NOW, fetch, fetch_bound
 from task_queue.sql.leasing import FENCED, HELD, TASK_LEASE
 
 # A completion, in one statement: the task, its history row, its evt.task.completed.v1
@@ -100,7 +100,7 @@ def complete_tasks(
         "summaries": [d[4] for d in done],
         "now": now,
     }
-    return {row[0] for row in fetch(complete_statement(), params)}
+    return {row[0] for row in fetch_bound(complete_statement(), params)}
 
 
 FAIL_TASKS = f"""
@@ -169,7 +169,7 @@ def fail_tasks(
         "errors": [f[4] for f in failures],
         "now": now,
     }
-    return fetch(FAIL_TASKS, params)
+    return fetch_bound(FAIL_TASKS, params)
 
 
 CONFIRM_CANCELLED = f"""
