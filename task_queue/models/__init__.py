@@ -25,9 +25,21 @@ from .tasks import (
     payload_contains,
     payload_text,
 )
-from .workers import PausedAgent, Worker, WorkerHeartbeat
+from .workers import (
+    MAX_CONCURRENCY_LIMIT,
+    MAX_RATE_COUNT,
+    MAX_RATE_PERIOD_SECONDS,
+    AgentLimits,
+    PausedAgent,
+    Worker,
+    WorkerHeartbeat,
+)
 
 __all__ = [
+    "MAX_CONCURRENCY_LIMIT",
+    "MAX_RATE_COUNT",
+    "MAX_RATE_PERIOD_SECONDS",
+    "AgentLimits",
     "FINAL_STATUSES",
     "HELD_STATUSES",
     "HISTOGRAM_BOUNDS",

@@ -28,6 +28,11 @@ DELIVERY_RECOVERY = 0x646C7672  # "dlvr"
 # the blob's references and deletes it. A key pair: this namespace and the first 32
 # bits of the blob's SHA-256 (two blobs sharing the bits only share a lock).
 BLOBS = 0x626C6F62  # "blob"
+# Per agent with a limit (agent_limits): a claim holds its agents' locks from counting
+# their slots until it commits, so two claims never both take the last slot. A key
+# pair: this namespace and hashtext(agent name); taken inside the claim statement by
+# the SQL function agent_claim_allowance (migration queue 0018), in name order.
+AGENT_LIMITS = 0x6C696D74  # "limt"
 _BLOB_KEY = f"{BLOBS}, ('x' || substr(ref, 8, 8))::bit(32)::int"
 
 TRY_ADVISORY_XACT_LOCK = "SELECT pg_try_advisory_xact_lock(%(key)s)"
