@@ -7,7 +7,11 @@
   survive restarts and never reset (the rollups are kept);
 - ``automechanica_task_queue_wait_seconds`` and ``automechanica_task_run_seconds``
   histograms per agent, likewise;
-- ``automechanica_workers_alive{agent}`` and ``automechanica_oldest_pending_age_seconds{agent}``.
+- ``automechanica_workers_alive{agent}`` and ``automechanica_oldest_pending_age_seconds{agent}``;
+- for agents with limits (``task_queue.limits``): ``automechanica_agent_concurrency_limit``
+  and ``..._concurrency_in_use`` (tasks leased or running), ``..._rate_limit`` (starts
+  per window), ``..._rate_limit_period_seconds`` and ``..._rate_in_use`` (starts in
+  the current window), each ``{agent}``.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from prometheus_client.utils import floatToGoString
 from task_queue.sql import db, reading
 from task_queue.sql import metrics as metrics_sql
 
-from . import metrics, registry, stats
+from . import limits, metrics, registry, stats
 from .models import HISTOGRAM_BOUNDS, TaskStatus, Worker
 
 COUNTERS = ("created", "completed", "failed", "dead", "retried", "cancelled")
@@ -48,6 +52,7 @@ class QueueCollector:
         yield from self._task_counts(agents)
         yield from self._totals()
         yield from self._workers_and_backlog(agents)
+        yield from self._limits()
 
     def _task_counts(self, agents: list[str]) -> Iterator[Metric]:
         counts = {(agent, status): n for agent, status, n in stats.task_counts()}
@@ -101,6 +106,34 @@ class QueueCollector:
         for agent, age in sorted(reading.oldest_pending_age_by_agent(agents).items()):
             oldest.add_metric([agent], age or 0.0)
         yield oldest
+
+    def _limits(self) -> Iterator[Metric]:
+        usage = limits.limits_in_use()
+        gauges = {
+            "concurrency_limit": "Most tasks of the agent leased or running at once.",
+            "concurrency_in_use": "Tasks of the agent leased or running (agents with a limit).",
+            "rate_limit": "Most task starts of the agent in any window of the period.",
+            "rate_limit_period_seconds": "The rate limit's window.",
+            "rate_in_use": "Task starts of the agent in the current window.",
+        }
+        values = {
+            "concurrency_limit": lambda u: u.concurrency_limit,
+            "concurrency_in_use": lambda u: u.held,
+            "rate_limit": lambda u: u.rate_count,
+            "rate_limit_period_seconds": lambda u: u.rate_period_seconds,
+            "rate_in_use": lambda u: u.recent_starts,
+        }
+        for name, documentation in gauges.items():
+            gauge = GaugeMetricFamily(
+                f"automechanica_agent_{name}", documentation, labels=["agent"]
+            )
+            for agent, agent_usage in sorted(usage.items()):
+                value = values[name](agent_usage)
+                if value is not None and (
+                    name != "concurrency_in_use" or agent_usage.concurrency_limit
+                ):
+                    gauge.add_metric([agent], value)
+            yield gauge
 
 
 def cumulative_totals() -> dict[str, dict[str, Any]]:

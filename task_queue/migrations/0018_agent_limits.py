@@ -93,6 +93,18 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AlterModelOptions(
+            name="task",
+            options={
+                "ordering": ["priority", "created_at"],
+                "permissions": [
+                    ("revive_task", "Can revive dead or failed tasks"),
+                    ("cancel_task", "Can cancel tasks"),
+                    ("pause_agent", "Can pause and resume an agent's queue"),
+                    ("limit_agent", "Can set an agent's concurrency and rate limits"),
+                ],
+            },
+        ),
         migrations.AlterField(
             model_name="operatoraction",
             name="action",

@@ -36,17 +36,17 @@ from .workers import (
 )
 
 __all__ = [
-    "MAX_CONCURRENCY_LIMIT",
-    "MAX_RATE_COUNT",
-    "MAX_RATE_PERIOD_SECONDS",
-    "AgentLimits",
     "FINAL_STATUSES",
     "HELD_STATUSES",
     "HISTOGRAM_BOUNDS",
     "MAX_ATTEMPTS_LIMIT",
+    "MAX_CONCURRENCY_LIMIT",
+    "MAX_RATE_COUNT",
+    "MAX_RATE_PERIOD_SECONDS",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
     "REVIVABLE_STATUSES",
+    "AgentLimits",
     "DeadLetterTask",
     "EventRelayCursor",
     "OperatorAction",
