@@ -46,9 +46,12 @@ BEGIN
         room := least(room, lim.concurrency_limit - used);
     END IF;
     IF lim.rate_count IS NOT NULL THEN
+        -- A minute beyond the window: a claim whose clock (its transaction's start)
+        -- is a little behind this one's still counts every start in its window.
         DELETE FROM agent_starts
         WHERE agent_name = agent
-          AND started_at <= at - make_interval(secs => lim.rate_period_seconds);
+          AND started_at <= at - make_interval(secs => lim.rate_period_seconds)
+                               - interval '1 minute';
         SELECT count(*) INTO used FROM agent_starts
         WHERE agent_name = agent
           AND started_at > at - make_interval(secs => lim.rate_period_seconds);
