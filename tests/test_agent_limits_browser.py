@@ -26,9 +26,9 @@ def shows(page, text: str) -> None:
     )
 
 
-def test_the_overview_shows_a_limit_in_use_and_the_operator_changes_it(
-    transactional_db, live_servers, worker_processes, browser
-):
+@pytest.fixture
+def limited(transactional_db) -> None:
+    """An operator who may set limits, a viewer who may not, and EchoAgent limited."""
     operator = User.objects.create_user("operator", password=PASSWORD, is_staff=True)
     operator.user_permissions.add(Permission.objects.get(codename="limit_agent"))
     User.objects.create_user("viewer", password=PASSWORD, is_staff=True)
@@ -38,6 +38,11 @@ def test_the_overview_shows_a_limit_in_use_and_the_operator_changes_it(
         rate_limit=limits.RateLimit(100, 60),
         actor="user:test",
     )
+
+
+def test_the_overview_shows_a_limit_in_use_and_the_operator_changes_it(
+    limited, live_servers, worker_processes, browser
+):
     server = live_servers()
     db(lambda: worker_processes("EchoAgent", "--concurrency", "10").wait_ready())
     page = log_in(browser, server, "operator")
@@ -53,9 +58,10 @@ def test_the_overview_shows_a_limit_in_use_and_the_operator_changes_it(
 
     page.click(f'{LIMITS} a[data-action="limits"]')
     page.wait_for_url("**/agents/EchoAgent/limits/")
-    page.fill("#id_concurrency_limit", "0")
+    page.fill("#id_rate_period_seconds", "")  # a rate without its period: refused
     page.click('button[data-action="save"]')
-    assert "greater than or equal to 1" in page.inner_text('[data-error="concurrency_limit"]')
+    assert "both" in page.inner_text('[data-error="rate_period_seconds"]')
+    page.fill("#id_rate_period_seconds", "60")
     page.fill("#id_concurrency_limit", "3")
     page.click('button[data-action="save"]')
     page.wait_for_url(f"{server.url}/")
