@@ -84,7 +84,7 @@ def set_limits(
             row.updated_by = actor
             row.save()
             row.refresh_from_db(fields=["updated_at"])
-        if after["rate_limit"] != before["rate_limit"]:
+        if before["rate_limit"] and not after["rate_limit"]:
             limits_sql.forget_starts(agent_name)
         changes = {
             name: {"before": before[name], "after": after[name]}

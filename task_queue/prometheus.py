@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.conf import settings
@@ -42,6 +42,19 @@ HISTOGRAMS = {
     "queue_wait": ("automechanica_task_queue_wait_seconds", "From due to started."),
     "run_time": ("automechanica_task_run_seconds", "From started to the attempt's end."),
 }
+
+# (name, documentation, value of an agent's LimitUsage; None: no sample)
+LIMIT_GAUGES: list[tuple[str, str, Callable[[limits.LimitUsage], int | None]]] = [
+    ("concurrency_limit", "Most tasks of the agent leased or running at once.",
+     lambda u: u.concurrency_limit),
+    ("concurrency_in_use", "Tasks of the agent leased or running, under a concurrency limit.",
+     lambda u: u.held if u.concurrency_limit else None),
+    ("rate_limit", "Most task starts of the agent in any window of the period.",
+     lambda u: u.rate_count),
+    ("rate_limit_period_seconds", "The rate limit's window.", lambda u: u.rate_period_seconds),
+    ("rate_in_use", "Task starts of the agent in the rate limit's current window.",
+     lambda u: u.recent_starts),
+]  # fmt: skip
 
 
 class QueueCollector:
@@ -108,30 +121,15 @@ class QueueCollector:
         yield oldest
 
     def _limits(self) -> Iterator[Metric]:
-        usage = limits.limits_in_use()
-        gauges = {
-            "concurrency_limit": "Most tasks of the agent leased or running at once.",
-            "concurrency_in_use": "Tasks of the agent leased or running (agents with a limit).",
-            "rate_limit": "Most task starts of the agent in any window of the period.",
-            "rate_limit_period_seconds": "The rate limit's window.",
-            "rate_in_use": "Task starts of the agent in the current window.",
-        }
-        values = {
-            "concurrency_limit": lambda u: u.concurrency_limit,
-            "concurrency_in_use": lambda u: u.held,
-            "rate_limit": lambda u: u.rate_count,
-            "rate_limit_period_seconds": lambda u: u.rate_period_seconds,
-            "rate_in_use": lambda u: u.recent_starts,
-        }
-        for name, documentation in gauges.items():
+        """Agents with limits only: an agent without one has no series."""
+        usage = sorted(limits.limits_in_use().items())
+        for name, documentation, value_of in LIMIT_GAUGES:
             gauge = GaugeMetricFamily(
                 f"automechanica_agent_{name}", documentation, labels=["agent"]
             )
-            for agent, agent_usage in sorted(usage.items()):
-                value = values[name](agent_usage)
-                if value is not None and (
-                    name != "concurrency_in_use" or agent_usage.concurrency_limit
-                ):
+            for agent, agent_usage in usage:
+                value = value_of(agent_usage)
+                if value is not None:
                     gauge.add_metric([agent], value)
             yield gauge
 

@@ -46,6 +46,9 @@ def test_a_claim_takes_no_more_than_the_rate_window_has_room_for():
     assert leasing.next_due_at(["EchoAgent"]) == first_start + timedelta(hours=1)
     usage = limits.limits_in_use()["EchoAgent"]
     assert (usage.held, usage.recent_starts, usage.rate_count) == (4, 4, 4)
+    # A changed rate counts the starts already in the window.
+    limits.set_limits("EchoAgent", rate_limit=RateLimit(5, 3600), actor="user:test")
+    assert len(claim("t:4")) == 1
 
 
 def test_changes_are_validated_and_audited():
