@@ -15,6 +15,7 @@ from django.db import transaction
 
 from task_queue.sql import enqueue as enqueue_sql
 from task_queue.sql import limits as limits_sql
+from task_queue.sql import locks
 from task_queue.sql.limits import LimitUsage, limits_in_use
 
 from . import audit, registry
@@ -66,7 +67,10 @@ def set_limits(
         _check("rate_limit.count", rate_limit.count, MAX_RATE_COUNT)
         _check("rate_limit.period_seconds", rate_limit.period_seconds, MAX_RATE_PERIOD_SECONDS)
     with transaction.atomic():
-        existing = AgentLimits.objects.select_for_update().filter(agent_name=agent_name).first()
+        # Changes of one agent's limits one at a time (even the first, with no row to
+        # lock), and none in the middle of a claim.
+        locks.agent_limits_lock(agent_name)
+        existing = AgentLimits.objects.filter(agent_name=agent_name).first()
         before = _described(existing)
         row = existing or AgentLimits(agent_name=agent_name)
         if concurrency_limit is not UNCHANGED:
