@@ -88,8 +88,8 @@ def set_limits(
             row.updated_by = actor
             row.save()
             row.refresh_from_db(fields=["updated_at"])
-        if before["rate_limit"] and not after["rate_limit"]:
-            limits_sql.forget_starts(agent_name)
+        if not (before["rate_limit"] and after["rate_limit"]):
+            limits_sql.forget_starts(agent_name)  # set anew or cleared: an empty window
         changes = {
             name: {"before": before[name], "after": after[name]}
             for name in after

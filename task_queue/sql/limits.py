@@ -42,8 +42,8 @@ def limits_in_use() -> dict[str, LimitUsage]:
     return {row[0]: LimitUsage(*row) for row in fetch(LIMITS_IN_USE, {})}
 
 
-# An agent's rate window once its rate limit is gone (the claim prunes it only while
-# there is one); a rate limit set again starts with an empty window.
+# An agent's rate window, when its rate limit is set anew or cleared (the claim
+# prunes it only while there is one): a new rate limit starts with an empty window.
 FORGET_STARTS = "DELETE FROM agent_starts WHERE agent_name = %(agent)s"
 
 
