@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from uuid import UUID
 
+from django import forms
 from django.contrib import admin, messages
 from django.core.paginator import Paginator
 from django.db.models import F, Max, Min, Q, QuerySet
@@ -21,11 +22,12 @@ from django.urls import reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
-from . import audit, operations, registry, stats
+from . import audit, limits, operations, registry, stats
 from .models import (
     PRIORITY_MAX,
     PRIORITY_MIN,
     REVIVABLE_STATUSES,
+    AgentLimits,
     DeadLetterTask,
     EventRelayCursor,
     OperatorAction,
@@ -228,6 +230,64 @@ class PausedAgentAdmin(ReadOnlyAdmin):
     """Paused agents are listed here; pausing and resuming is on the dashboard's overview."""
 
     list_display = ["agent_name", "paused_by", "paused_at"]
+
+
+class AgentLimitsForm(forms.ModelForm):
+    agent_name = forms.ChoiceField(choices=lambda: [(name, name) for name in registry.names()])
+
+    class Meta:
+        model = AgentLimits
+        fields = ["agent_name", "concurrency_limit", "rate_count", "rate_period_seconds"]
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # The agent of an existing row stays (it is the row's key).
+        self.fields["agent_name"].disabled = not self.instance._state.adding
+
+    def clean(self) -> dict:
+        data = super().clean()
+        count, period = data.get("rate_count"), data.get("rate_period_seconds")
+        if (count is None) != (period is None):
+            raise forms.ValidationError("Give the rate limit's count and period, or neither.")
+        if data.get("concurrency_limit") is None and count is None:
+            raise forms.ValidationError("Give a limit (delete the row for none).")
+        return data
+
+
+@admin.register(AgentLimits)
+class AgentLimitsAdmin(admin.ModelAdmin):
+    """Agents' cluster-wide limits. Saving and deleting go through ``task_queue.limits``
+    (validated, audit-logged, the agent's workers woken); the model's own permissions
+    (``change_agentlimits``...) apply."""
+
+    list_display = [
+        "agent_name", "concurrency_limit", "rate_count", "rate_period_seconds", "updated_by",
+        "updated_at",
+    ]  # fmt: skip
+    form = AgentLimitsForm
+
+    def save_model(self, request: HttpRequest, obj: AgentLimits, form, change: bool) -> None:
+        rate = obj.rate_count and limits.RateLimit(obj.rate_count, obj.rate_period_seconds)
+        limits.set_limits(
+            obj.agent_name,
+            concurrency_limit=obj.concurrency_limit,
+            rate_limit=rate or None,
+            actor=audit.user_actor(request.user),
+            source="admin",
+        )
+
+    def delete_model(self, request: HttpRequest, obj: AgentLimits) -> None:
+        limits.set_limits(
+            obj.agent_name,
+            concurrency_limit=None,
+            rate_limit=None,
+            actor=audit.user_actor(request.user),
+            source="admin",
+        )
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[AgentLimits]) -> None:
+        for obj in queryset:
+            self.delete_model(request, obj)
 
 
 class SeqRangePaginator(Paginator):

@@ -7,13 +7,17 @@
   survive restarts and never reset (the rollups are kept);
 - ``automechanica_task_queue_wait_seconds`` and ``automechanica_task_run_seconds``
   histograms per agent, likewise;
-- ``automechanica_workers_alive{agent}`` and ``automechanica_oldest_pending_age_seconds{agent}``.
+- ``automechanica_workers_alive{agent}`` and ``automechanica_oldest_pending_age_seconds{agent}``;
+- for agents with limits (``task_queue.limits``): ``automechanica_agent_concurrency_limit``
+  and ``..._concurrency_in_use`` (tasks leased or running), ``..._rate_limit`` (starts
+  per window), ``..._rate_limit_period_seconds`` and ``..._rate_in_use`` (starts in
+  the current window), each ``{agent}``.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.conf import settings
@@ -30,7 +34,7 @@ from prometheus_client.utils import floatToGoString
 from task_queue.sql import db, reading
 from task_queue.sql import metrics as metrics_sql
 
-from . import metrics, registry, stats
+from . import limits, metrics, registry, stats
 from .models import HISTOGRAM_BOUNDS, TaskStatus, Worker
 
 COUNTERS = ("created", "completed", "failed", "dead", "retried", "cancelled")
@@ -38,6 +42,19 @@ HISTOGRAMS = {
     "queue_wait": ("automechanica_task_queue_wait_seconds", "From due to started."),
     "run_time": ("automechanica_task_run_seconds", "From started to the attempt's end."),
 }
+
+# (name, documentation, value of an agent's LimitUsage; None: no sample)
+LIMIT_GAUGES: list[tuple[str, str, Callable[[limits.LimitUsage], int | None]]] = [
+    ("concurrency_limit", "Most tasks of the agent leased or running at once.",
+     lambda u: u.concurrency_limit),
+    ("concurrency_in_use", "Tasks of the agent leased or running, under a concurrency limit.",
+     lambda u: u.held if u.concurrency_limit else None),
+    ("rate_limit", "Most task starts of the agent in any window of the period.",
+     lambda u: u.rate_count),
+    ("rate_limit_period_seconds", "The rate limit's window.", lambda u: u.rate_period_seconds),
+    ("rate_in_use", "Task starts of the agent in the rate limit's current window.",
+     lambda u: u.recent_starts),
+]  # fmt: skip
 
 
 class QueueCollector:
@@ -48,6 +65,7 @@ class QueueCollector:
         yield from self._task_counts(agents)
         yield from self._totals()
         yield from self._workers_and_backlog(agents)
+        yield from self._limits()
 
     def _task_counts(self, agents: list[str]) -> Iterator[Metric]:
         counts = {(agent, status): n for agent, status, n in stats.task_counts()}
@@ -101,6 +119,19 @@ class QueueCollector:
         for agent, age in sorted(reading.oldest_pending_age_by_agent(agents).items()):
             oldest.add_metric([agent], age or 0.0)
         yield oldest
+
+    def _limits(self) -> Iterator[Metric]:
+        """Agents with limits only: an agent without one has no series."""
+        usage = sorted(limits.limits_in_use().items())
+        for name, documentation, value_of in LIMIT_GAUGES:
+            gauge = GaugeMetricFamily(
+                f"automechanica_agent_{name}", documentation, labels=["agent"]
+            )
+            for agent, agent_usage in usage:
+                value = value_of(agent_usage)
+                if value is not None:
+                    gauge.add_metric([agent], value)
+            yield gauge
 
 
 def cumulative_totals() -> dict[str, dict[str, Any]]:

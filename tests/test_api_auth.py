@@ -59,6 +59,7 @@ REQUIRED_SCOPE = {
     ("PATCH", "api/v1/workflows/<workflow_id>"): "write",
     ("POST", "api/v1/workflows/<workflow_id>/cancel"): "write",
     ("GET", "api/v1/agents"): "read",
+    ("PATCH", "api/v1/agents/<name>"): "admin",
     ("GET", "api/v1/workers"): "read",
     ("GET", "api/v1/metrics"): "read",
 }

@@ -10,7 +10,7 @@ class Scope(models.TextChoices):
 
     READ = "read"  # look at tasks, workflows, agents, workers, metrics
     WRITE = "write"  # create, edit, cancel and revive tasks and workflows
-    ADMIN = "admin"  # bulk revive by filter
+    ADMIN = "admin"  # bulk revive by filter, set agents' limits
 
 
 SCOPE_ORDER = [Scope.READ, Scope.WRITE, Scope.ADMIN]

@@ -18,7 +18,15 @@ from pydantic import (
 )
 from pydantic import StrictInt as Int
 
-from task_queue.models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN, Priority
+from task_queue.models import (
+    MAX_ATTEMPTS_LIMIT,
+    MAX_CONCURRENCY_LIMIT,
+    MAX_RATE_COUNT,
+    MAX_RATE_PERIOD_SECONDS,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    Priority,
+)
 from task_queue.operations import MAX_DELAY_SECONDS, MAX_KEY_LENGTH
 from task_queue.storable import text_problem
 
@@ -311,6 +319,22 @@ class SimilarEventOut(Schema):
 # ------------------------------------------------------------------ agents, workers, metrics
 
 
+class RateLimitValue(StrictSchema):
+    count: Annotated[Int, Field(ge=1, le=MAX_RATE_COUNT)]
+    period_seconds: Annotated[Int, Field(ge=1, le=MAX_RATE_PERIOD_SECONDS)]
+
+
+class AgentLimitsUpdate(StrictSchema):
+    """Cluster-wide limits of an agent; a field left out stays as it is, null clears it."""
+
+    concurrency_limit: Annotated[Int, Field(ge=1, le=MAX_CONCURRENCY_LIMIT)] | None = Field(
+        None, description="At most this many of the agent's tasks leased or running at once."
+    )
+    rate_limit: RateLimitValue | None = Field(
+        None, description="At most `count` task starts in any window of `period_seconds`."
+    )
+
+
 class AgentOut(Schema):
     name: str
     task_types: list[str]
@@ -320,6 +344,12 @@ class AgentOut(Schema):
     timeout: float
     retryable_errors: list[str]
     counts: dict[TaskStatusName, int]
+    concurrency_limit: int | None
+    concurrency_in_use: int = Field(description="Tasks leased or running now.")
+    rate_limit: RateLimitValue | None
+    rate_in_use: int | None = Field(
+        description="Starts in the rate limit's current window; null without a rate limit."
+    )
 
 
 class WorkerOut(Schema):

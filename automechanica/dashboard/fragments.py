@@ -29,10 +29,11 @@ WORKFLOW_TASKS_SHOWN = 500
 User = AbstractBaseUser | AnonymousUser
 
 
-def overview_context(snapshot: Snapshot, *, can_pause: bool) -> dict[str, Any]:
+def overview_context(snapshot: Snapshot, *, can_pause: bool, can_limit: bool) -> dict[str, Any]:
     return {
         "snapshot": snapshot,
         "can_pause": can_pause,
+        "can_limit": can_limit,
         "throughput_chart": charts.per_minute_bars(
             [(m, done) for m, done, _ in snapshot.minutes],
             title="completed",
@@ -48,8 +49,16 @@ def overview_context(snapshot: Snapshot, *, can_pause: bool) -> dict[str, Any]:
     }
 
 
-def render_overview(snapshot: Snapshot, *, can_pause: bool) -> str:
-    return render_to_string(OVERVIEW, overview_context(snapshot, can_pause=can_pause))
+def render_overview(snapshot: Snapshot, *, can_pause: bool, can_limit: bool) -> str:
+    return render_to_string(
+        OVERVIEW, overview_context(snapshot, can_pause=can_pause, can_limit=can_limit)
+    )
+
+
+def overview_variant(*, can_pause: bool, can_limit: bool) -> str:
+    """The key of the overview as rendered for a user with these permissions (the
+    live hub renders each variant once per tick)."""
+    return f"overview_pause{int(can_pause)}_limit{int(can_limit)}"
 
 
 def workers_context() -> dict[str, Any]:

@@ -120,8 +120,12 @@ class Hub:
         snapshot = take_snapshot()
         self.snapshots_taken += 1
         return {
-            "with_pause": html_message(fragments.render_overview(snapshot, can_pause=True)),
-            "without_pause": html_message(fragments.render_overview(snapshot, can_pause=False)),
+            fragments.overview_variant(**rights): html_message(
+                fragments.render_overview(snapshot, **rights)
+            )
+            for can_pause in (True, False)
+            for can_limit in (True, False)
+            if (rights := {"can_pause": can_pause, "can_limit": can_limit})
         }
 
     # ------------------------------------------------------------ task changes

@@ -16,7 +16,7 @@ from django.db.models import Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from task_queue import operations, registry, stats
+from task_queue import limits, operations, registry, stats
 from task_queue.models import PausedAgent, RetentionRun, TaskStatus, Worker
 from task_queue.sql import reading
 
@@ -33,6 +33,7 @@ class AgentLine:
     run_time: tuple[float, float] | None = None
     oldest_pending_seconds: float | None = None
     paused: PausedAgent | None = None
+    limits: limits.LimitUsage | None = None  # with a limit: it and how much is in use
 
     @property
     def error_rate(self) -> float | None:
@@ -80,6 +81,9 @@ def take_snapshot() -> Snapshot:
     for name, paused in operations.paused_agents().items():
         if name in lines:
             lines[name].paused = paused
+    for name, usage in limits.limits_in_use().items():
+        if name in lines:
+            lines[name].limits = usage
     now = timezone.now()
     totals = dict(zero)
     for line in lines.values():

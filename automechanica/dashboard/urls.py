@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import mailboxes, reports, views
+from . import limits, mailboxes, reports, views
 
 app_name = "dashboard"
 
@@ -15,6 +15,7 @@ urlpatterns = [
         )
         for action in ("pause", "resume")
     ),
+    path("agents/<str:agent_name>/limits/", limits.agent_limits, name="agent_limits"),
     path("dead-letter/", views.dead_letter, name="dead_letter"),
     path("dead-letter/results/", views.dead_letter_results, name="dead_letter_results"),
     path("dead-letter/count/", views.dead_letter_count, name="dead_letter_count"),

@@ -31,6 +31,7 @@ from task_queue.sql import db
 
 from . import fragments
 from .deadletter import DeadLetterFilter
+from .limits import LIMIT_PERMISSION
 from .overview import take_snapshot
 
 PAGE_SIZE = 50
@@ -59,7 +60,8 @@ def _require(request: HttpRequest, action: str) -> None:
 @require_GET
 def overview(request: HttpRequest) -> HttpResponse:
     can_pause = request.user.has_perm(PERMISSIONS["pause"])
-    context = fragments.overview_context(take_snapshot(), can_pause=can_pause)
+    can_limit = request.user.has_perm(LIMIT_PERMISSION)
+    context = fragments.overview_context(take_snapshot(), can_pause=can_pause, can_limit=can_limit)
     return render(request, "dashboard/overview.html", context)
 
 
@@ -72,7 +74,10 @@ def pause_or_resume(request: HttpRequest, agent_name: str, action: str) -> HttpR
         return _bad_request(f"unknown agent {agent_name!r}")
     change = operations.pause_agent if action == "pause" else operations.resume_agent
     change(agent_name, actor=user_actor(request.user), source="dashboard")
-    return HttpResponse(fragments.render_overview(take_snapshot(), can_pause=True))
+    can_limit = request.user.has_perm(LIMIT_PERMISSION)
+    return HttpResponse(
+        fragments.render_overview(take_snapshot(), can_pause=True, can_limit=can_limit)
+    )
 
 
 # ---------------------------------------------------------------- dead letter

@@ -25,16 +25,28 @@ from .tasks import (
     payload_contains,
     payload_text,
 )
-from .workers import PausedAgent, Worker, WorkerHeartbeat
+from .workers import (
+    MAX_CONCURRENCY_LIMIT,
+    MAX_RATE_COUNT,
+    MAX_RATE_PERIOD_SECONDS,
+    AgentLimits,
+    PausedAgent,
+    Worker,
+    WorkerHeartbeat,
+)
 
 __all__ = [
     "FINAL_STATUSES",
     "HELD_STATUSES",
     "HISTOGRAM_BOUNDS",
     "MAX_ATTEMPTS_LIMIT",
+    "MAX_CONCURRENCY_LIMIT",
+    "MAX_RATE_COUNT",
+    "MAX_RATE_PERIOD_SECONDS",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
     "REVIVABLE_STATUSES",
+    "AgentLimits",
     "DeadLetterTask",
     "EventRelayCursor",
     "OperatorAction",

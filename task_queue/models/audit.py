@@ -21,6 +21,7 @@ class OperatorAction(models.Model):
         RUN_NOW = "run_now", "Run now"
         PAUSE = "pause", "Pause agent"
         RESUME = "resume", "Resume agent"
+        LIMIT = "limit", "Set agent limits"
         # Agent messaging (agents_app): failed messages or publication deliveries made
         # deliverable again; ``changes`` names them.
         REVIVE_MESSAGES = "revive_messages", "Revive messages"

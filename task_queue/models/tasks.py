@@ -120,6 +120,7 @@ class Task(models.Model):
             ("revive_task", "Can revive dead or failed tasks"),
             ("cancel_task", "Can cancel tasks"),
             ("pause_agent", "Can pause and resume an agent's queue"),
+            ("limit_agent", "Can set an agent's concurrency and rate limits"),
         ]
         constraints = [
             models.CheckConstraint(

@@ -1,4 +1,4 @@
-"""Live workers, their heartbeat history, and paused agents."""
+"""Live workers, their heartbeat history, paused agents and agent limits."""
 
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
@@ -66,3 +66,62 @@ class PausedAgent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.agent_name} (paused by {self.paused_by})"
+
+
+# Bounds of a limit: beyond them a value is almost surely a mistake (and the rate
+# window's log, agent_starts, holds up to rate_count rows per agent).
+MAX_CONCURRENCY_LIMIT = 100_000
+MAX_RATE_COUNT = 100_000
+MAX_RATE_PERIOD_SECONDS = 7 * 24 * 3600
+
+
+class AgentLimits(models.Model):
+    """Cluster-wide limits on one agent's tasks, enforced by the lease query itself.
+
+    - ``concurrency_limit``: at most this many of the agent's tasks leased or running
+      across every worker;
+    - ``rate_count`` per ``rate_period_seconds``: at most this many starts in any
+      window of that length (a sliding window over the log ``agent_starts``).
+
+    An agent without limits has no row (so the claim of an unlimited agent looks up
+    an empty index and takes no lock). Changed through ``task_queue.limits``, which
+    writes the audit log and wakes the agent's workers.
+    """
+
+    agent_name = models.TextField(primary_key=True)
+    concurrency_limit = models.IntegerField(null=True, blank=True)
+    rate_count = models.IntegerField(null=True, blank=True)
+    rate_period_seconds = models.IntegerField(null=True, blank=True)
+    updated_by = models.TextField()
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "agent_limits"
+        ordering = ["agent_name"]
+        verbose_name = "agent limits"
+        verbose_name_plural = "agent limits"
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(concurrency_limit__isnull=True)
+                | models.Q(concurrency_limit__gte=1, concurrency_limit__lte=MAX_CONCURRENCY_LIMIT),
+                name="agent_limits_concurrency_range",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(rate_count__isnull=True, rate_period_seconds__isnull=True)
+                | models.Q(
+                    rate_count__gte=1,
+                    rate_count__lte=MAX_RATE_COUNT,
+                    rate_period_seconds__gte=1,
+                    rate_period_seconds__lte=MAX_RATE_PERIOD_SECONDS,
+                ),
+                name="agent_limits_rate_range",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(concurrency_limit__isnull=False)
+                | models.Q(rate_count__isnull=False),
+                name="agent_limits_some_limit",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent_name} limits"

@@ -65,15 +65,34 @@ class ClaimedTask:
 # statement commits. Paused agents (paused_agents) are left out before any row is
 # locked.
 #
+# Agents with limits (agent_limits) take at most their room: the SQL function
+# agent_claim_allowance (migration queue 0018) takes each one's lock, in name order
+# (so two claims never wait on each other in a cycle), and counts its held tasks and
+# its starts in the rate window with a snapshot taken after the lock; the lock is held
+# until this statement commits, and the starts of rate-limited agents are logged in
+# agent_starts. An agent without limits has no row: no lock, no count.
+#
 # A worker claims only as many tasks as it has free slots, so a claimed task goes
 # straight to running (its attempt starts now): one write per task, and one
 # envelope (evt.task.claimed.v1, seed 000), written here rather than by a trigger
 # because this statement is the only one that grants a task's lease.
 CLAIM_TASKS = f"""
-WITH due AS (
+WITH limited AS MATERIALIZED (
+    SELECT agent_name, rate_count IS NOT NULL AS rate_limited,
+           agent_claim_allowance(agent_name, {locks.AGENT_LIMITS}, {NOW}) AS room
+    FROM (
+        SELECT agent_name, rate_count FROM agent_limits
+        WHERE agent_name = ANY(%(agents)s::text[])
+        ORDER BY agent_name
+        OFFSET 0
+    ) AS l
+),
+due AS (
     SELECT t.id, t.priority, t.created_at
     FROM (
-        SELECT name FROM unnest(%(agents)s::text[]) AS a(name)
+        SELECT name, least(%(limit)s, (SELECT room FROM limited WHERE agent_name = a.name))
+            AS room
+        FROM unnest(%(agents)s::text[]) AS a(name)
         WHERE NOT EXISTS (SELECT FROM paused_agents p WHERE p.agent_name = a.name)
     ) AS agent
     CROSS JOIN LATERAL (
@@ -81,7 +100,7 @@ WITH due AS (
         FROM tasks
         WHERE status = 'pending' AND agent_name = agent.name AND available_at <= {NOW}
         ORDER BY priority, created_at
-        LIMIT %(limit)s
+        LIMIT agent.room
         FOR UPDATE SKIP LOCKED
     ) AS t
 ),
@@ -109,6 +128,12 @@ envelopes AS (
                               'lease_until', lease_expires_at)
     FROM claimed
     ORDER BY id
+),
+starts AS (
+    INSERT INTO agent_starts (agent_name, started_at)
+    SELECT claimed.agent_name, {NOW}
+    FROM claimed JOIN limited ON limited.agent_name = claimed.agent_name
+    WHERE limited.rate_limited
 )
 SELECT id, agent_name, task_type, payload, attempts, max_attempts, workflow_id, trace_id,
        lease_token, payload_ref
@@ -199,14 +224,40 @@ def delete_worker(owner: str) -> None:
     execute(DELETE_WORKER, {"owner": owner})
 
 
+# Per agent: when its earliest pending task falls due, or, at its rate limit, when the
+# oldest start leaves the window if that is later. An agent at its concurrency limit
+# is left out: the end of one of its held tasks wakes its workers (trigger
+# tasks_notify_freed_slots, migration queue 0018). Without limits (no agent_limits
+# row) only the due time is read.
 NEXT_DUE_AT = """
-SELECT min(available_at) FROM tasks
-WHERE status = 'pending' AND agent_name = ANY(%(agents)s::text[])
-  AND agent_name NOT IN (SELECT agent_name FROM paused_agents)
+SELECT min(greatest(due.at, window_frees.at))
+FROM unnest(%(agents)s::text[]) AS a(name)
+CROSS JOIN LATERAL (
+    SELECT min(available_at) AS at FROM tasks
+    WHERE status = 'pending' AND agent_name = a.name
+) AS due
+LEFT JOIN agent_limits l ON l.agent_name = a.name
+LEFT JOIN LATERAL (
+    SELECT min(s.started_at) + make_interval(secs => l.rate_period_seconds) AS at
+    FROM agent_starts s
+    WHERE l.rate_count IS NOT NULL AND s.agent_name = a.name
+      AND s.started_at > now() - make_interval(secs => l.rate_period_seconds)
+    HAVING count(*) >= l.rate_count
+) AS window_frees ON true
+WHERE NOT EXISTS (SELECT FROM paused_agents p WHERE p.agent_name = a.name)
+  AND NOT coalesce(
+      l.concurrency_limit <= (
+          SELECT sum(n) FROM task_counts c
+          WHERE c.agent_name = a.name AND c.status IN ('leased', 'running')
+      ),
+      false
+  )
 """
 
 
 def next_due_at(agents: Sequence[str]) -> datetime | None:
-    """When the earliest pending task of ``agents`` falls due (it may be past); paused
-    agents' tasks do not count, so a worker of a paused agent sleeps until woken."""
+    """When a pending task of ``agents`` can next start (it may be past): paused
+    agents' tasks do not count, nor those of an agent at its concurrency limit, so a
+    worker of such an agent sleeps until woken; at a rate limit, not before the window
+    has room."""
     return fetch(NEXT_DUE_AT, {"agents": list(agents)})[0][0]

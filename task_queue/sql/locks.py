@@ -28,7 +28,22 @@ DELIVERY_RECOVERY = 0x646C7672  # "dlvr"
 # the blob's references and deletes it. A key pair: this namespace and the first 32
 # bits of the blob's SHA-256 (two blobs sharing the bits only share a lock).
 BLOBS = 0x626C6F62  # "blob"
+# Per agent with a limit (agent_limits): a claim holds its agents' locks from counting
+# their slots until it commits, so two claims never both take the last slot. A key
+# pair: this namespace and hashtext(agent name); taken inside the claim statement by
+# the SQL function agent_claim_allowance (migration queue 0018), in name order, and
+# by a change of the agent's limits (task_queue.limits).
+AGENT_LIMITS = 0x6C696D74  # "limt"
 _BLOB_KEY = f"{BLOBS}, ('x' || substr(ref, 8, 8))::bit(32)::int"
+
+AGENT_LIMITS_LOCK = f"SELECT pg_advisory_xact_lock({AGENT_LIMITS}, hashtext(%(agent)s))"
+
+
+def agent_limits_lock(agent: str) -> None:
+    """Take the agent's limits lock (the one claims take) until the current
+    transaction ends, waiting for it: a change of limits waits for claims in flight."""
+    fetch(AGENT_LIMITS_LOCK, {"agent": agent})
+
 
 TRY_ADVISORY_XACT_LOCK = "SELECT pg_try_advisory_xact_lock(%(key)s)"
 

@@ -1,32 +1,75 @@
-"""``/api/v1/agents``, ``/api/v1/workers`` and ``/api/v1/metrics``."""
+"""``/api/v1/agents`` (and an agent's limits), ``/api/v1/workers`` and ``/api/v1/metrics``."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Router
 
-from task_queue import registry
+from task_queue import limits, registry
+from task_queue.agent import Agent
 from task_queue.models import TaskStatus, Worker
 from task_queue.sql import reading
 from task_queue.stats import queue_stats
 
-from ..auth import READ
-from ..errors import ERROR_RESPONSES
-from ..schemas import AgentOut, MetricsOut, WorkerOut
+from ..auth import ADMIN, READ
+from ..errors import ERROR_RESPONSES, ApiError
+from ..schemas import AgentLimitsUpdate, AgentOut, MetricsOut, WorkerOut
 
 router = Router(tags=["agents, workers and metrics"])
 
 
 @router.get("/agents", auth=READ, response={200: list[AgentOut], **ERROR_RESPONSES})
 def list_agents(request: HttpRequest):
-    """Every registered agent with its settings and its tasks by status."""
+    """Every registered agent with its settings, its tasks by status, and its limits
+    with how much of each is in use."""
     by_agent = queue_stats()["by_agent"]
-    return [
-        {**agent.settings(), "counts": by_agent.get(agent.name) or _zero_counts()}
-        for agent in registry.all_agents()
-    ]
+    in_use = limits.limits_in_use()
+    return [_agent(agent, by_agent, in_use) for agent in registry.all_agents()]
+
+
+@router.patch("/agents/{name}", auth=ADMIN, response={200: AgentOut, **ERROR_RESPONSES})
+def update_agent(request: HttpRequest, name: str, body: AgentLimitsUpdate):
+    """Set an agent's cluster-wide limits: ``concurrency_limit`` and ``rate_limit``
+    (``{"count", "period_seconds"}``); null clears one, a field left out stays."""
+    changes = body.model_dump(exclude_unset=True)
+    if not changes:
+        raise ApiError.invalid("body", "give concurrency_limit or rate_limit (null clears it)")
+    if changes.get("rate_limit") is not None:
+        changes["rate_limit"] = limits.RateLimit(**changes["rate_limit"])
+    try:
+        limits.set_limits(name, actor=request.auth.actor, source="api", **changes)
+    except KeyError:
+        raise ApiError.not_found("agent") from None
+    except limits.InvalidLimit as error:
+        raise ApiError.invalid(error.field, error.message) from None
+    return _agent(registry.get(name), queue_stats()["by_agent"], limits.limits_in_use())
+
+
+def _agent(
+    agent: type[Agent], by_agent: dict[str, dict[str, int]], in_use: dict[str, limits.LimitUsage]
+) -> dict[str, Any]:
+    counts = by_agent.get(agent.name) or _zero_counts()
+    usage = in_use.get(agent.name)
+    rate = (
+        usage
+        and usage.rate_count
+        and {
+            "count": usage.rate_count,
+            "period_seconds": usage.rate_period_seconds,
+        }
+    )
+    return {
+        **agent.settings(),
+        "counts": counts,
+        "concurrency_limit": usage and usage.concurrency_limit,
+        "concurrency_in_use": usage.held if usage else counts["leased"] + counts["running"],
+        "rate_limit": rate or None,
+        "rate_in_use": usage.recent_starts if usage else None,
+    }
 
 
 @router.get("/workers", auth=READ, response={200: list[WorkerOut], **ERROR_RESPONSES})
