@@ -226,8 +226,8 @@ def delete_worker(owner: str) -> None:
 
 # Per agent: when its earliest pending task falls due, or, at its rate limit, when the
 # oldest start leaves the window if that is later. An agent at its concurrency limit
-# is left out: the end of one of its held tasks wakes its workers (trigger
-# tasks_notify_freed_slots, migration queue 0018). Without limits (no agent_limits
+# is left out: the end of one of its held tasks wakes its workers (the trigger
+# function notify_task_changes, migration queue 0018). Without limits (no agent_limits
 # row) only the due time is read.
 NEXT_DUE_AT = """
 SELECT min(greatest(due.at, window_frees.at))
