@@ -51,7 +51,7 @@ class Migration(migrations.Migration):
                 ("agent_name", models.TextField()),
                 ("task_type", models.TextField()),
                 ("payload", models.JSONField(blank=True, default=dict)),
-                ("priority", models.SmallIntegerField(default=5)),
+                ("priority", models.SmallIntegerField(default=2)),
                 ("max_attempts", models.IntegerField(blank=True, null=True)),
                 ("enabled", models.BooleanField(default=True)),
                 (

@@ -8,6 +8,8 @@ run, a slot has one task.
 from django.db import models
 from django.db.models.functions import Now
 
+from .tasks import Priority
+
 
 class Schedule(models.Model):
     class Missed(models.TextChoices):
@@ -29,7 +31,7 @@ class Schedule(models.Model):
     agent_name = models.TextField()
     task_type = models.TextField()
     payload = models.JSONField(default=dict, blank=True)
-    priority = models.SmallIntegerField(default=5)
+    priority = models.SmallIntegerField(default=Priority.MEDIUM)
     max_attempts = models.IntegerField(null=True, blank=True)  # None: the agent's own
     enabled = models.BooleanField(default=True)
     missed = models.TextField(choices=Missed.choices, default=Missed.RUN_ONCE)
