@@ -44,7 +44,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.group = groups[page](str(object_id)) if page in groups else page
         self.task_id = object_id if page == "task" else None
         self.checked_at, self.signed_out = time.monotonic(), False
-        self.can_pause = await database_sync_to_async(self.user.has_perm)("queue.pause_agent")
+        await self._read_permissions()
         await self.channel_layer.group_add(self.group, self.channel_name)
         hub.join(self.group)
         await self.accept()
@@ -62,6 +62,11 @@ class LiveConsumer(AsyncWebsocketConsumer):
     async def overview_push(self, event: dict[str, Any]) -> None:
         if await self._still_allowed():
             await self.send(text_data=event["with_pause" if self.can_pause else "without_pause"])
+
+    async def schedules_push(self, event: dict[str, Any]) -> None:
+        if await self._still_allowed():
+            variant = "with_actions" if self.can_operate_schedules else "without_actions"
+            await self.send(text_data=event[variant])
 
     async def html_push(self, event: dict[str, Any]) -> None:
         if await self._still_allowed():
@@ -95,8 +100,14 @@ class LiveConsumer(AsyncWebsocketConsumer):
             self.signed_out = True  # nothing more is sent while the socket closes
             await self.close(code=SIGNED_OUT)
             return False
-        self.can_pause = await database_sync_to_async(self.user.has_perm)("queue.pause_agent")
+        await self._read_permissions()
         return True
+
+    async def _read_permissions(self) -> None:
+        """The permissions that change what a push shows (its variant)."""
+        has_perm = database_sync_to_async(self.user.has_perm)
+        self.can_pause = await has_perm("queue.pause_agent")
+        self.can_operate_schedules = await has_perm("queue.operate_schedule")
 
     def _user_now(self) -> Any:
         """The session's user as it is now: the session is read afresh from the

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import mailboxes, reports, views
+from . import mailboxes, reports, schedules, views
 
 app_name = "dashboard"
 
@@ -41,6 +41,16 @@ urlpatterns = [
         "messages/deliveries/<int:delivery_id>/revive/",
         mailboxes.revive_delivery,
         name="revive_delivery",
+    ),
+    path("schedules/", schedules.schedules_page, name="schedules"),
+    *(
+        path(
+            f"schedules/<int:schedule_id>/{action}/",
+            schedules.schedule_action,
+            {"action": action},
+            name=f"schedule_{action}",
+        )
+        for action in ("pause", "resume", "run")
     ),
     path("reports/daily/", reports.daily_reports, name="daily_reports"),
     path("reports/daily/run/", reports.run_daily_report, name="run_daily_report"),
