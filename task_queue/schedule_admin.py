@@ -15,7 +15,6 @@ from django.http import HttpRequest
 from . import audit, schedules
 from .models import Schedule, ScheduleRun
 
-
 # What the form edits (the admin's own form class has its read-only fields too).
 EDITED = ["name", *schedules.DEFINITION, "enabled"]
 
