@@ -62,6 +62,9 @@ class DeclaredInCode(ValueError):
 def validated(values: dict[str, Any]) -> dict[str, Any]:
     """A complete schedule definition (``DEFAULTS`` filled in), checked; raises
     :class:`InvalidSchedule` naming the first bad field."""
+    unknown = sorted(set(values) - {"name", *DEFINITION, "enabled"})
+    if unknown:
+        raise InvalidSchedule(unknown[0], "is not a field of a schedule")
     values = {**DEFAULTS, **values}
     name = values.get("name")
     if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME_LENGTH or text_problem(name):

@@ -76,3 +76,11 @@ def test_the_admin_adds_checks_and_operates_schedules():
     client.post(changelist, {"action": "pause", "_selected_action": [nightly.id]})
     assert Schedule.objects.get(id=nightly.id).enabled is False
     assert client.get(reverse("admin:queue_schedule_change", args=[nightly.id])).status_code == 200
+
+
+def test_run_now_of_a_schedule_whose_agent_is_gone_is_refused_plainly():
+    schedule = make()
+    Schedule.objects.filter(id=schedule.id).update(agent_name="GoneAgent")
+    response = staff(OPERATE).post(f"/schedules/{schedule.id}/run/")
+    assert response.status_code == 400 and "GoneAgent" in response.content.decode()
+    assert not Task.objects.exists()

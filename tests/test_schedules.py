@@ -229,3 +229,9 @@ def test_three_maintenance_processes_one_killed_fire_each_slot_once(manage_proce
         assert slot.microsecond == 0 and task.created_at >= slot
     schedule.refresh_from_db()
     assert schedule.last_run_at == runs[-1].slot and schedule.last_error == ""
+
+
+def test_an_unknown_field_in_a_declared_schedule_is_named(settings):
+    settings.QUEUE_SCHEDULES = {"typo": {"cron": "0 3 * * *", "paylod": {}, **ECHO}}
+    with pytest.raises(ImproperlyConfigured, match=r"QUEUE_SCHEDULES\['typo'\]: paylod"):
+        schedule_firing.sync_declared()

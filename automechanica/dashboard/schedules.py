@@ -9,7 +9,7 @@ from typing import Any
 
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.utils import timezone
@@ -18,6 +18,7 @@ from django.views.decorators.http import require_GET, require_POST
 from task_queue import schedules
 from task_queue.audit import user_actor
 from task_queue.models import Schedule, ScheduleRun, Task
+from task_queue.operations import InvalidTask
 
 OPERATE = "queue.operate_schedule"
 LIVE = "dashboard/_schedules_live.html"
@@ -72,4 +73,6 @@ def schedule_action(request: HttpRequest, schedule_id: int, action: str) -> Http
             schedules.set_enabled(schedule_id, action == "resume", **who)
     except schedules.ScheduleNotFound:
         raise Http404("no such schedule") from None
+    except InvalidTask as refused:  # its agent is no longer registered, say
+        return HttpResponseBadRequest(str(refused), content_type="text/plain; charset=utf-8")
     return HttpResponse(render_live(can_operate=True))
