@@ -55,6 +55,9 @@ def test_pause_resume_and_run_now_need_their_permission_and_are_audited():
     assert [a.action for a in actions] == ["pause_schedule", "resume_schedule", "run_schedule"]
     assert {a.actor for a in actions} == {"user:staff1"}
     assert operator.post("/schedules/999/run/").status_code == 404
+    audit = operator.get("/audit/").content.decode()
+    assert "Pause schedule" in audit and 'schedule <a href="/schedules/">tick</a>' in audit
+    assert "interval_seconds: <code>60</code>" in audit  # the definition it was created with
 
 
 def test_the_admin_adds_checks_and_operates_schedules():
