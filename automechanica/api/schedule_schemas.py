@@ -85,7 +85,7 @@ class ScheduleOut(Schema):
     max_attempts: int | None
     missed: Missed
     enabled: bool
-    source: Literal["code", "admin", "api"]
+    source: Literal["code", "admin", "api", "dashboard"]
     next_run_at: datetime | None
     last_run_at: datetime | None = Field(description="The last slot fired (or run now).")
     last_task_id: UUID | None

@@ -25,7 +25,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.contrib import auth
 
-from . import fragments
+from . import fragments, schedules
 from .live import changes_message, html_message, hub, task_group, workflow_group
 
 RECHECK_SECONDS = 5.0
@@ -65,8 +65,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def schedules_push(self, event: dict[str, Any]) -> None:
         if await self._still_allowed():
-            variant = "with_actions" if self.can_operate_schedules else "without_actions"
-            await self.send(text_data=event[variant])
+            await self.send(text_data=event[self.schedules_variant])
 
     async def html_push(self, event: dict[str, Any]) -> None:
         if await self._still_allowed():
@@ -107,7 +106,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         """The permissions that change what a push shows (its variant)."""
         has_perm = database_sync_to_async(self.user.has_perm)
         self.can_pause = await has_perm("queue.pause_agent")
-        self.can_operate_schedules = await has_perm("queue.operate_schedule")
+        self.schedules_variant = await database_sync_to_async(schedules.user_variant)(self.user)
 
     def _user_now(self) -> Any:
         """The session's user as it is now: the session is read afresh from the

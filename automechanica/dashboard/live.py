@@ -163,11 +163,8 @@ class Hub:
 
 
 def _render_schedules() -> dict[str, str]:
-    """The schedules table for those who may operate them, and for the others."""
-    return {
-        "with_actions": html_message(schedules.render_live(can_operate=True)),
-        "without_actions": html_message(schedules.render_live(can_operate=False)),
-    }
+    """The schedules table in each variant of the buttons it shows (by permission)."""
+    return {name: html_message(html) for name, html in schedules.render_variants().items()}
 
 
 def _dead(status: str) -> bool:

@@ -43,6 +43,9 @@ urlpatterns = [
         name="revive_delivery",
     ),
     path("schedules/", schedules.schedules_page, name="schedules"),
+    path("schedules/new/", schedules.schedule_new, name="schedule_new"),
+    path("schedules/<int:schedule_id>/edit/", schedules.schedule_edit, name="schedule_edit"),
+    path("schedules/<int:schedule_id>/delete/", schedules.schedule_delete, name="schedule_delete"),
     *(
         path(
             f"schedules/<int:schedule_id>/{action}/",

@@ -71,6 +71,7 @@ class Migration(migrations.Migration):
                             ("code", "Declared in settings"),
                             ("admin", "Admin"),
                             ("api", "API"),
+                            ("dashboard", "Dashboard"),
                         ],
                         default="api",
                     ),

@@ -21,6 +21,7 @@ class Schedule(models.Model):
         CODE = "code", "Declared in settings"
         ADMIN = "admin", "Admin"
         API = "api", "API"
+        DASHBOARD = "dashboard", "Dashboard"
 
     name = models.TextField(unique=True)
     # One of the two: a cron expression read in ``timezone``, or seconds between slots
