@@ -31,6 +31,7 @@ class ScheduleForm(forms.Form):
     )
     timezone = forms.CharField(
         required=False,
+        label="Time zone",
         initial="UTC",
         widget=TEXT,
         help_text="IANA name the cron expression is read in (blank: UTC).",
