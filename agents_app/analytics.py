@@ -13,11 +13,8 @@ from typing import Any
 
 from task_queue import metrics
 from task_queue.models import HISTOGRAM_BOUNDS, TaskHistory, TaskQueueMetric
-from task_queue.operations import TaskSpec, enqueue_many
 from task_queue.sql import db
 from task_queue.sql import metrics as metrics_sql
-
-from .models import DailyReport
 
 DAY, HOUR = metrics.DAY, metrics.HOUR
 TOP_ERRORS = 5
@@ -220,25 +217,17 @@ def _as_dict(row: TaskQueueMetric) -> dict[str, Any]:
     return {field.name: getattr(row, field.name) for field in TaskQueueMetric._meta.fields}
 
 
-def schedule_daily_report(*, now: datetime | None = None) -> bool:
-    """Enqueue yesterday's report once its day rollup exists; True if this call made
-    the task. The idempotency key is the day, so two schedulers (or two maintenance
-    processes) never make two."""
+def yesterday(now: datetime | None = None) -> date:
+    """The UTC day before ``now`` (the database's clock by default)."""
     clock = now or db.database_clock()
-    yesterday = clock.astimezone(UTC).date() - timedelta(days=1)
-    today_start, _ = day_bounds(clock.astimezone(UTC).date())
-    if (metrics_sql.rollup_progress(DAY) or today_start - timedelta(days=1)) < today_start:
-        return False  # yesterday is not rolled up yet
-    key = f"analytics:daily:{yesterday.isoformat()}"
-    if DailyReport.objects.filter(day=yesterday, partial=False).exists():
-        return False
-    spec = TaskSpec("AnalyticsAgent", "daily_report", {"day": yesterday.isoformat()},
-                    idempotency_key=key)  # fmt: skip
-    return enqueue_many([spec])[0].created
+    return clock.astimezone(UTC).date() - timedelta(days=1)
 
 
-def daily_report_job() -> str | None:
-    """The maintenance job: ask for yesterday's report once it can be written."""
-    if schedule_daily_report():
-        return "asked the AnalyticsAgent for yesterday's report"
-    return None
+def ready_to_report(payload: dict[str, Any], now: datetime) -> bool:
+    """The schedule guard (``task_queue.schedule_firing``) of the daily report: a
+    report of yesterday (no ``day`` in the payload) waits until yesterday's day
+    rollup exists, so it reads the stored rollup rather than the source tables."""
+    if "day" in payload:
+        return True
+    today_start, _ = day_bounds(now.astimezone(UTC).date())
+    return (metrics_sql.rollup_progress(DAY) or today_start - timedelta(days=1)) >= today_start

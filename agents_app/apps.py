@@ -8,7 +8,7 @@ class AgentsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from task_queue import blob_collection, maintenance
+        from task_queue import blob_collection, maintenance, schedule_firing
         from task_queue import retention as queue_retention
         from task_queue.sql import outcomes as outcomes_sql
 
@@ -20,7 +20,9 @@ class AgentsConfig(AppConfig):
         outcomes_sql.add_to_completion("agent memory", memory_sql.EVENTS_OF_COMPLETED_TASKS)
         maintenance.register("message leases", messaging.recover_leases, order=maintenance.LEASES)
         maintenance.register("delivery leases", pubsub.recover_leases, order=maintenance.LEASES)
-        maintenance.register("daily report", analytics.daily_report_job, order=maintenance.REPORTS)
+        # The daily report is a schedule (settings.QUEUE_SCHEDULES) held back until the
+        # day it reports on is rolled up.
+        schedule_firing.register_guard("AnalyticsAgent", "daily_report", analytics.ready_to_report)
         queue_retention.register("agent events", retention.prune_agent_events)
         queue_retention.register("messages", retention.prune_messages)
         queue_retention.register("publications", retention.prune_publications)

@@ -150,6 +150,25 @@ QUEUE_METRICS_BACKFILL_DAYS = float(os.environ.get("QUEUE_METRICS_BACKFILL_DAYS"
 # go this long after they finished; agent events (the agents' memory) after theirs.
 QUEUE_RETENTION_DAYS = float(os.environ.get("QUEUE_RETENTION_DAYS", 7))
 AGENT_EVENT_RETENTION_DAYS = float(os.environ.get("AGENT_EVENT_RETENTION_DAYS", 90))
+# Recurring schedules (task_queue.schedule_firing), fired by the maintenance loop.
+# Declared here: synced when a maintenance loop starts and marked as code (paused,
+# resumed or run now at run time, changed only here). Each entry: "cron" (read in
+# "timezone", default UTC) or "interval_seconds"; "agent_name", "task_type",
+# "payload"; optional "priority", "max_attempts", "missed" (run_once | skip), "enabled".
+QUEUE_SCHEDULES = {
+    # Yesterday's report, asked for once the day is rolled up (a guard the agents app
+    # registers holds the midnight slot until then).
+    "analytics daily report": {
+        "cron": "0 0 * * *",
+        "agent_name": "AnalyticsAgent",
+        "task_type": "daily_report",
+        "payload": {},
+        "missed": "run_once",
+    },
+}
+# A schedule's slot older than this when a maintenance pass sees it counts as missed
+# (a "skip" schedule does not fire it).
+QUEUE_SCHEDULE_GRACE_SECONDS = float(os.environ.get("QUEUE_SCHEDULE_GRACE_SECONDS", 60))
 # Agent messaging (agents_app.messaging, agents_app.pubsub): a message or publication
 # delivery whose lease ran out this many times without an acknowledgement is failed
 # (a poison message): delivered no more until an operator revives it.

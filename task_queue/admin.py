@@ -5,7 +5,8 @@ through ``task_queue.operations``, so each change is fenced like the workers' an
 written to the audit log; the dashboard edits payloads the same way. Lists stay
 fast on a large table: newest first through ``tasks_created_idx``, filters offered
 from the agent registry rather than read with SELECT DISTINCT, and the row count of
-an unfiltered list from the running totals (``task_queue.stats``).
+an unfiltered list from the running totals (``task_queue.stats``). Schedules have
+their own module (``task_queue.schedule_admin``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from django.urls import reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
-from . import audit, limits, operations, registry, stats
+from . import (
+    audit,
+    limits,
+    operations,
+    registry,
+    schedule_admin,  # noqa: F401 - registers the schedules' admin
+    stats,
+)
 from .models import (
     PRIORITY_MAX,
     PRIORITY_MIN,

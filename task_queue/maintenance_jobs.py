@@ -8,6 +8,8 @@
   (``task_queue.retention``);
 - every ten minutes, the blobs no row references any more
   (``task_queue.blob_collection``);
+- at every pass, the recurring schedules' due slots (``task_queue.schedule_firing``),
+  after the rollups (the daily report's guard reads them);
 - once a minute, the task counters of backends that ended folded into one row per
   agent and status (``task_queue.sql.counts``), so the counters stay a few rows per
   live connection.
@@ -19,7 +21,15 @@ import logging
 
 from task_queue.sql import counts
 
-from . import blob_collection, event_stream, maintenance, metrics, reaper, retention
+from . import (
+    blob_collection,
+    event_stream,
+    maintenance,
+    metrics,
+    reaper,
+    retention,
+    schedule_firing,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +70,7 @@ FOLD_COUNTS_EVERY_SECONDS = 60.0
 def register() -> None:
     maintenance.register("reaper", reap, order=maintenance.LEASES)
     maintenance.register("metric rollups", roll_up, order=maintenance.ROLLUPS)
+    maintenance.register("schedules", schedule_firing.FiringJob(), order=maintenance.REPORTS)
     maintenance.register("task counters", fold_task_counts, every_seconds=FOLD_COUNTS_EVERY_SECONDS)
     maintenance.register(
         "retention",

@@ -163,6 +163,12 @@ def enqueue_many(
     return [Enqueued(result.id, result.created) for result in results]
 
 
+def check(spec: TaskSpec) -> None:
+    """Raise :class:`InvalidTask` (naming the field) if ``enqueue`` would refuse
+    ``spec``: a schedule checks the task it will enqueue when it is written."""
+    _validated(spec, None, "")
+
+
 def _check_workflows(rows: list[dict[str, Any]], prefix: str, indexed: bool) -> None:
     wanted = {row["workflow_id"] for row in rows if row["workflow_id"]}
     if not wanted:

@@ -1,6 +1,6 @@
 """The AnalyticsAgent's daily report: its numbers against a seeded history, the
-anomalies it flags, the agent in a real worker process, the once-a-day scheduling
-and the report pages."""
+anomalies it flags, the agent in a real worker process, the daily schedule that
+asks for it and the report pages."""
 
 from __future__ import annotations
 
@@ -10,17 +10,15 @@ import json
 from datetime import date, timedelta
 
 import pytest
-from django.db import connection
 from django.test import Client
 
-from agents_app.analytics import build_daily_report, schedule_daily_report
+from agents_app.analytics import build_daily_report
 from agents_app.models import AgentEvent, DailyReport
-from task_queue import metrics, operations
-from task_queue.models import RollupProgress, Task, TaskQueueMetric, TaskStatus
+from task_queue import metrics, operations, schedule_firing
+from task_queue.models import RollupProgress, Schedule, Task, TaskQueueMetric, TaskStatus
 from task_queue.sql import db
 from tests.support.history import T0, at, seed_day_and_week, seed_history, seed_week
 from tests.support.processes import run_manage
-from tests.support.readers import outputs, start_waiting_readers
 from tests.support.users import staff
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -100,37 +98,30 @@ def test_a_bad_day_fails_the_task_for_good():
 
 
 @pytest.mark.slow
-def test_yesterdays_report_is_asked_for_once_however_many_schedulers():
+def test_the_daily_schedule_asks_for_yesterday_once_it_is_rolled_up():
+    """The report is a schedule declared in settings; its guard holds the midnight
+    slot until yesterday is rolled up (exactly once per slot: tests/test_schedules.py)."""
+    schedule_firing.sync_declared()
+    schedule = Schedule.objects.get(name=REPORT_SCHEDULE)
+    assert (schedule.source, schedule.cron, schedule.payload) == ("code", "0 0 * * *", {})
     now = db.database_clock()
-    today = metrics.bucket_floor(now, metrics.DAY)
-    assert not schedule_daily_report(now=now)  # yesterday not rolled up yet
-    RollupProgress.objects.create(bucket_seconds=metrics.DAY, computed_until=today)
-    # Three schedulers, each in its own process, wait on one channel; one NOTIFY
-    # releases them together. They run at the same instant `now`, so the test is the
-    # same just before midnight as at noon.
-    schedulers = start_waiting_readers(SCHEDULE.format(go=GO, now=now.isoformat()), 3, GO)
-    with connection.cursor() as cursor:
-        cursor.execute(f"NOTIFY {GO}")
-    outcomes = outputs(schedulers)
-    yesterday = (today - timedelta(days=1)).date().isoformat()
+    midnight = metrics.bucket_floor(now, metrics.DAY)
+    Schedule.objects.filter(id=schedule.id).update(next_run_at=midnight)  # the slot came
+    assert schedule_firing.fire_due(now=now) == 0  # yesterday not rolled up yet
+    assert Schedule.objects.get(id=schedule.id).next_run_at == midnight  # still due
+    RollupProgress.objects.create(bucket_seconds=metrics.DAY, computed_until=midnight)
+    assert schedule_firing.fire_due(now=now) == 1
+    assert schedule_firing.fire_due(now=now) == 0
     (task,) = Task.objects.filter(agent_name="AnalyticsAgent")
-    assert task.payload == {"day": yesterday}
-    assert task.idempotency_key == f"analytics:daily:{yesterday}"
-    assert outcomes.count(True) == 1 and not schedule_daily_report(now=now)
+    assert task.payload == {}
+    assert task.idempotency_key == f"schedule:{REPORT_SCHEDULE}:{midnight.isoformat()}"
+    assert Schedule.objects.get(id=schedule.id).next_run_at == midnight + timedelta(days=1)
+    run_manage("runworker", "AnalyticsAgent", "--burst", check=True)
+    yesterday = (midnight - timedelta(days=1)).date()
+    assert DailyReport.objects.get(day=yesterday).task_id == task.id
 
 
-GO = "test_daily_report_schedulers"
-SCHEDULE = """
-import django, json
-django.setup()
-from datetime import datetime
-from django.db import connection
-from agents_app.analytics import schedule_daily_report
-with connection.cursor() as cursor:
-    cursor.execute("LISTEN {go}")
-next(connection.connection.notifies(timeout=60, stop_after=1))  # all start here
-print(json.dumps(schedule_daily_report(now=datetime.fromisoformat("{now}"))))
-"""
+REPORT_SCHEDULE = "analytics daily report"
 
 
 def test_the_report_pages_and_downloads():

@@ -16,7 +16,7 @@ def test_the_registered_jobs_run_leases_first_then_retention_then_blob_collectio
         "message leases",
         "delivery leases",
         "metric rollups",
-        "daily report",
+        "schedules",  # after the rollups, which the daily report's guard reads
         "task counters",
         "retention",
         "blob collection",  # after retention, which drops references

@@ -8,14 +8,15 @@ from typing import Any
 from task_queue.agent import Agent, InvalidPayload, TaskContext
 from task_queue.registry import register
 
-from ..analytics import build_daily_report
+from ..analytics import build_daily_report, yesterday
 from ..models import DailyReport
 
 
 @register
 class AnalyticsAgent(Agent):
-    """Payload: ``{"day": "YYYY-MM-DD"}`` (a UTC day). Running it again for a day
-    replaces that day's report, so a retried or repeated run is harmless."""
+    """Payload: ``{"day": "YYYY-MM-DD"}`` (a UTC day), or ``{}`` for yesterday (what the
+    daily schedule sends). Running it again for a day replaces that day's report, so a
+    retried or repeated run is harmless."""
 
     name = "AnalyticsAgent"
     task_types = ("daily_report",)
@@ -42,7 +43,9 @@ class AnalyticsAgent(Agent):
 
 
 def _day(payload: dict[str, Any]) -> date:
-    value = payload.get("day")
+    if "day" not in payload:
+        return yesterday()
+    value = payload["day"]
     if isinstance(value, str):
         try:
             return date.fromisoformat(value)

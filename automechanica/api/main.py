@@ -12,7 +12,7 @@ from ninja.parser import Parser
 
 from . import errors
 from .auth import token_or_staff
-from .routers import memory, messages, publications, system, tasks, workflows
+from .routers import memory, messages, publications, schedules, system, tasks, workflows
 
 
 class StrictJsonParser(Parser):
@@ -63,5 +63,6 @@ for router in (
     memory.router,
     messages.router,
     publications.router,
+    schedules.router,
 ):
     api.add_router("/v1", router)

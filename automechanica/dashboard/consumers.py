@@ -25,7 +25,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.contrib import auth
 
-from . import fragments
+from . import fragments, schedules
 from .limits import LIMIT_PERMISSION
 from .live import changes_message, html_message, hub, task_group, workflow_group
 
@@ -45,7 +45,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.group = groups[page](str(object_id)) if page in groups else page
         self.task_id = object_id if page == "task" else None
         self.checked_at, self.signed_out = time.monotonic(), False
-        await self._read_rights()
+        await self._read_permissions()
         await self.channel_layer.group_add(self.group, self.channel_name)
         hub.join(self.group)
         await self.accept()
@@ -64,6 +64,10 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if await self._still_allowed():
             variant = fragments.overview_variant(can_pause=self.can_pause, can_limit=self.can_limit)
             await self.send(text_data=event[variant])
+
+    async def schedules_push(self, event: dict[str, Any]) -> None:
+        if await self._still_allowed():
+            await self.send(text_data=event[self.schedules_variant])
 
     async def html_push(self, event: dict[str, Any]) -> None:
         if await self._still_allowed():
@@ -97,14 +101,15 @@ class LiveConsumer(AsyncWebsocketConsumer):
             self.signed_out = True  # nothing more is sent while the socket closes
             await self.close(code=SIGNED_OUT)
             return False
-        await self._read_rights()
+        await self._read_permissions()
         return True
 
-    async def _read_rights(self) -> None:
-        """Which variant of the overview this user is sent (its buttons and links)."""
+    async def _read_permissions(self) -> None:
+        """The permissions that change what a push shows (its variant)."""
         has_perm = database_sync_to_async(self.user.has_perm)
         self.can_pause = await has_perm("queue.pause_agent")
         self.can_limit = await has_perm(LIMIT_PERMISSION)
+        self.schedules_variant = await database_sync_to_async(schedules.user_variant)(self.user)
 
     def _user_now(self) -> Any:
         """The session's user as it is now: the session is read afresh from the

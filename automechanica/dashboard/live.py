@@ -4,8 +4,8 @@ It does two things, whatever the number of open pages:
 
 - once a second, while someone watches the overview, it takes one snapshot
   (``overview.take_snapshot``), renders the fragment once per permission variant
-  and sends it to the ``overview`` group; likewise it renders once, for all their
-  watchers, the workers page and each watched workflow page;
+  and sends it to the ``overview`` group (the schedules page likewise); it renders
+  once, for all their watchers, the workers page and each watched workflow page;
 - it LISTENs on ``TASK_CHANGES_CHANNEL``, where a trigger on ``tasks`` reports every
   change a page shows, and tells the dead-letter pages which rows left the dead
   letter and how many arrived, and each task page that its task changed.
@@ -34,12 +34,13 @@ from task_queue.listen import listening_async
 from task_queue.models import REVIVABLE_STATUSES
 from task_queue.sql.channels import TASK_CHANGES_CHANNEL
 
-from . import fragments
+from . import fragments, schedules
 from .overview import take_snapshot
 
 logger = logging.getLogger(__name__)
 
 OVERVIEW, WORKERS, DEAD_LETTER, WORKFLOWS = "overview", "workers", "dead_letter", "workflows"
+SCHEDULES = "schedules"
 TICK_SECONDS = 1.0
 
 
@@ -95,6 +96,9 @@ class Hub:
                 if self.watchers[OVERVIEW]:
                     variants = await database_sync_to_async(self._render_overview)()
                     await layer.group_send(OVERVIEW, {"type": "overview.push", **variants})
+                if self.watchers[SCHEDULES]:
+                    variants = await database_sync_to_async(_render_schedules)()
+                    await layer.group_send(SCHEDULES, {"type": "schedules.push", **variants})
                 for group, render in self._rendered_each_tick():
                     html = await database_sync_to_async(render)()
                     if html:
@@ -160,6 +164,11 @@ class Hub:
         for group in changed_pages:
             if self.watchers[group]:
                 await layer.group_send(group, {"type": "task.changed"})
+
+
+def _render_schedules() -> dict[str, str]:
+    """The schedules table in each variant of the buttons it shows (by permission)."""
+    return {name: html_message(html) for name, html in schedules.render_variants().items()}
 
 
 def _dead(status: str) -> bool:

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import limits, mailboxes, reports, views
+from . import limits, mailboxes, reports, schedules, views
 
 app_name = "dashboard"
 
@@ -42,6 +42,19 @@ urlpatterns = [
         "messages/deliveries/<int:delivery_id>/revive/",
         mailboxes.revive_delivery,
         name="revive_delivery",
+    ),
+    path("schedules/", schedules.schedules_page, name="schedules"),
+    path("schedules/new/", schedules.schedule_new, name="schedule_new"),
+    path("schedules/<int:schedule_id>/edit/", schedules.schedule_edit, name="schedule_edit"),
+    path("schedules/<int:schedule_id>/delete/", schedules.schedule_delete, name="schedule_delete"),
+    *(
+        path(
+            f"schedules/<int:schedule_id>/{action}/",
+            schedules.schedule_action,
+            {"action": action},
+            name=f"schedule_{action}",
+        )
+        for action in ("pause", "resume", "run")
     ),
     path("reports/daily/", reports.daily_reports, name="daily_reports"),
     path("reports/daily/run/", reports.run_daily_report, name="run_daily_report"),

@@ -98,7 +98,7 @@ DROP TABLE agent_starts;
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("queue", "0016_completions_write_their_envelope"),
+        ("queue", "0017_schedules"),
     ]
 
     operations = [
@@ -129,6 +129,12 @@ class Migration(migrations.Migration):
                     ("limit", "Set agent limits"),
                     ("revive_messages", "Revive messages"),
                     ("revive_deliveries", "Revive publication deliveries"),
+                    ("create_schedule", "Create schedule"),
+                    ("update_schedule", "Change schedule"),
+                    ("delete_schedule", "Delete schedule"),
+                    ("pause_schedule", "Pause schedule"),
+                    ("resume_schedule", "Resume schedule"),
+                    ("run_schedule", "Run schedule now"),
                 ]
             ),
         ),

@@ -1,5 +1,5 @@
 """The queue's tables: tasks and workflows, their history, live workers, metric
-rollups, the audit log and the event stream.
+rollups, the audit log, the event stream and recurring schedules.
 
 Django owns the schema (migrations, admin); reading and writing tasks on the hot
 path goes through the named SQL in ``task_queue.sql``.
@@ -7,6 +7,7 @@ path goes through the named SQL in ``task_queue.sql``.
 
 from .audit import OperatorAction
 from .metrics import HISTOGRAM_BOUNDS, RetentionRun, RollupProgress, TaskQueueMetric
+from .schedules import Schedule, ScheduleRun
 from .stream import EventRelayCursor, OutboxEvent
 from .tasks import (
     FINAL_STATUSES,
@@ -55,6 +56,8 @@ __all__ = [
     "Priority",
     "RetentionRun",
     "RollupProgress",
+    "Schedule",
+    "ScheduleRun",
     "Task",
     "TaskEvent",
     "TaskHistory",

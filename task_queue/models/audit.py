@@ -26,6 +26,13 @@ class OperatorAction(models.Model):
         # deliverable again; ``changes`` names them.
         REVIVE_MESSAGES = "revive_messages", "Revive messages"
         REVIVE_DELIVERIES = "revive_deliveries", "Revive publication deliveries"
+        # Recurring schedules (task_queue.schedules); ``changes`` names the schedule.
+        CREATE_SCHEDULE = "create_schedule", "Create schedule"
+        UPDATE_SCHEDULE = "update_schedule", "Change schedule"
+        DELETE_SCHEDULE = "delete_schedule", "Delete schedule"
+        PAUSE_SCHEDULE = "pause_schedule", "Pause schedule"
+        RESUME_SCHEDULE = "resume_schedule", "Resume schedule"
+        RUN_SCHEDULE = "run_schedule", "Run schedule now"
 
     actor = models.TextField()  # "user:alice", "token:orchestrator"
     action = models.TextField(choices=Kind.choices)

@@ -23,6 +23,9 @@ EVENT_SEQUENCER = 0x65767473  # "evts"
 EMBEDDING_RECOVERY = 0x656D6264  # "embd"
 MESSAGE_RECOVERY = 0x6D736773  # "msgs"
 DELIVERY_RECOVERY = 0x646C7672  # "dlvr"
+# One process at a time: syncing the schedules declared in settings
+# (task_queue.schedule_firing), so two starting maintenance loops make each row once.
+SCHEDULE_SYNC = 0x73636864  # "schd"
 # Per blob (task_queue.blobs, task_queue.blob_collection): shared by every transaction
 # about to reference the blob, taken exclusively by the collector before it checks
 # the blob's references and deletes it. A key pair: this namespace and the first 32

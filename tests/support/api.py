@@ -45,6 +45,9 @@ class Api:
     def patch(self, path: str, body: Any = None):
         return self.call("PATCH", path, body)
 
+    def delete(self, path: str):
+        return self.call("DELETE", path)
+
 
 def token(scope: Scope | str, name: str | None = None, agents: tuple[str, ...] = ()) -> str:
     """A new token; bound to ``agents`` if any (it then acts only as them in messaging)."""
