@@ -3,6 +3,8 @@
 Real worker processes (``manage.py runworker EchoAgent``) on the configured
 database, with all bookkeeping on (history, AgentEvent, embedding job):
 
+0. the database is vacuumed, so that what earlier runs deleted is not cleaned up by
+   autovacuum during this one;
 1. enqueue: N tasks through ``enqueue_many`` in one transaction, 1,000 a statement;
 2. drain: from that commit until the last task is finished, by W workers;
 3. pickup latency: on the now idle queue, one task at a time at a steady low rate;
@@ -56,6 +58,7 @@ class BenchConfig:
 
 
 def run(config: BenchConfig) -> dict[str, Any]:
+    bench_sql.vacuum_database()
     workflow = Workflow.objects.create(name=f"queue_bench {datetime.now(UTC).isoformat()}")
     log_dir = Path(tempfile.mkdtemp(prefix="queue_bench-"))
     workers = [
