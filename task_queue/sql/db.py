@@ -38,6 +38,7 @@ def fetch_bound(sql: str, params: dict[str, Any]) -> list[tuple]:
     values as before.
     """
     connection.ensure_connection()
+    connection.validate_no_broken_transaction()  # as Django's own cursors do
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()

@@ -1,0 +1,49 @@
+"""task_queue.sql.db: statements with server-side parameters behave as Django's own."""
+
+from __future__ import annotations
+
+from uuid import uuid4
+
+import pytest
+from django.db import DatabaseError, DataError, IntegrityError, transaction
+from django.db.transaction import TransactionManagementError
+
+from task_queue.sql.db import execute, fetch, fetch_bound
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_parameters_arrive_with_their_types():
+    ids = [uuid4(), uuid4()]
+    rows = fetch_bound(
+        "SELECT %(ids)s::uuid[], %(texts)s::jsonb[], %(n)s + 1, %(none)s::timestamptz",
+        {"ids": ids, "texts": ['{"a": "x\\ty"}', None], "n": 41, "none": None},
+    )
+    assert rows == fetch(
+        "SELECT %(ids)s::uuid[], %(texts)s::jsonb[], %(n)s + 1, %(none)s::timestamptz",
+        {"ids": ids, "texts": ['{"a": "x\\ty"}', None], "n": 41, "none": None},
+    )
+    assert rows[0][0] == ids and rows[0][2] == 42
+
+
+def test_errors_are_djangos_so_the_worker_handles_them():
+    with pytest.raises(DataError):
+        fetch_bound("SELECT 1 / %(zero)s", {"zero": 0})
+
+
+def test_it_joins_the_callers_transaction_and_refuses_a_broken_one():
+    with transaction.atomic():
+        execute("CREATE TEMP TABLE t (id int PRIMARY KEY) ON COMMIT DROP", {})
+        assert fetch_bound("INSERT INTO t VALUES (%(id)s) RETURNING id", {"id": 1}) == [(1,)]
+        assert fetch("SELECT count(*) FROM t", {}) == [(1,)]
+        with pytest.raises(IntegrityError), transaction.atomic():
+            fetch_bound("INSERT INTO t VALUES (%(id)s) RETURNING id", {"id": 1})
+        assert fetch_bound("SELECT count(*) FROM t", {}) == [(1,)]  # savepoint rolled back
+        transaction.set_rollback(True)
+
+    # An error inside a block without a savepoint breaks the outer one: Django then
+    # refuses every statement until it rolls back, and so does fetch_bound.
+    with pytest.raises(TransactionManagementError), transaction.atomic():
+        with pytest.raises(DatabaseError), transaction.atomic(savepoint=False):
+            fetch_bound("SELECT 1 / %(zero)s", {"zero": 0})
+        fetch_bound("SELECT 1", {})
