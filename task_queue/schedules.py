@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from . import audit, operations, schedule_times
 from .models import OperatorAction, Priority, Schedule, ScheduleRun
@@ -21,6 +21,8 @@ from .storable import text_problem
 Kind = OperatorAction.Kind
 # The idempotency key ``schedule:<name>:<slot>`` must stay within the queue's key limit.
 MAX_NAME_LENGTH = 100
+# The unique index on schedules.name (Django's name for ``unique=True``).
+NAME_CONSTRAINT = "schedules_name_key"
 # Recent runs kept per schedule (the dashboard shows them; older ones are deleted).
 RUNS_KEPT = 20
 # What a schedule is; ``enabled`` and ``name`` are handled apart.
@@ -115,7 +117,7 @@ def create(values: dict[str, Any], *, actor: str, source: str) -> Schedule:
             raise InvalidSchedule("name", f"a schedule named {values['name']!r} exists")
         schedule = Schedule(source=source, **values)
         schedule.next_run_at = next_slot(schedule, db.database_clock())
-        schedule.save()
+        _save(schedule)
         audit.record(
             actor=actor,
             action=Kind.CREATE_SCHEDULE,
@@ -149,7 +151,7 @@ def update(schedule_id: int, changes: dict[str, Any], *, actor: str, source: str
             # Slots that fell while it was paused are not fired: pausing means not running.
             schedule.next_run_at = next_slot(schedule, clock)
         schedule.updated_at = clock
-        schedule.save()
+        _save(schedule)
         diff = {n: {"from": before[n], "to": values[n]} for n in before if before[n] != values[n]}
         if diff:
             action = Kind.UPDATE_SCHEDULE
@@ -163,6 +165,20 @@ def update(schedule_id: int, changes: dict[str, Any], *, actor: str, source: str
                 changes={"schedule": schedule.name, **diff},
             )
     return schedule
+
+
+def _save(schedule: Schedule) -> None:
+    """Save; a name that a concurrent transaction took after the check above is refused
+    as the check would have refused it (not a database error)."""
+    try:
+        with transaction.atomic():
+            schedule.save()
+    except IntegrityError as error:
+        if getattr(error.__cause__, "diag", None) is None or (
+            error.__cause__.diag.constraint_name != NAME_CONSTRAINT
+        ):
+            raise
+        raise InvalidSchedule("name", f"a schedule named {schedule.name!r} exists") from None
 
 
 def set_enabled(schedule_id: int, enabled: bool, *, actor: str, source: str) -> Schedule:

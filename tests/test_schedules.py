@@ -6,10 +6,12 @@ settings."""
 from __future__ import annotations
 
 import signal
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connection, transaction
 
 from task_queue import schedule_firing, schedule_times, schedules
 from task_queue.models import OperatorAction, Schedule, ScheduleRun, Task
@@ -235,3 +237,54 @@ def test_an_unknown_field_in_a_declared_schedule_is_named(settings):
     settings.QUEUE_SCHEDULES = {"typo": {"cron": "0 3 * * *", "paylod": {}, **ECHO}}
     with pytest.raises(ImproperlyConfigured, match=r"QUEUE_SCHEDULES\['typo'\]: paylod"):
         schedule_firing.sync_declared()
+
+
+def test_two_creates_of_one_name_at_once_refuse_the_second_by_its_field():
+    """The second create passes the name check while the first is uncommitted, then
+    waits on the unique index; once the first commits it is refused as a taken name
+    (InvalidSchedule on `name`), not a database error."""
+    first_inserted = threading.Event()
+    commit_first = threading.Event()
+    outcome: dict[str, object] = {}
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                make("race", interval_seconds=60)
+                first_inserted.set()
+                commit_first.wait(30)
+        except Exception as error:  # the test reports whatever it got
+            outcome["first"] = error
+            first_inserted.set()
+        finally:
+            connection.close()
+
+    def second() -> None:
+        try:
+            outcome["result"] = make("race", interval_seconds=60)
+        except Exception as error:  # the test reports whatever it got
+            outcome["result"] = error
+        finally:
+            connection.close()
+
+    a = threading.Thread(target=first)
+    a.start()
+    assert first_inserted.wait(30)
+    assert "first" not in outcome, outcome
+    b = threading.Thread(target=second)
+    b.start()
+    wait_for(
+        lambda: db.fetch(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE 'INSERT INTO \"schedules\"%%'",
+            {},
+        )[0][0],
+        what="the second insert waiting on the first",
+    )
+    commit_first.set()
+    a.join(30)
+    b.join(30)
+    refused = outcome["result"]
+    assert isinstance(refused, schedules.InvalidSchedule), refused
+    assert refused.field == "name"
+    assert Schedule.objects.filter(name="race").count() == 1
