@@ -1,0 +1,69 @@
+"""LOG_FORMAT=json: a real worker's every output line is a JSON object, and its lines
+about a task carry the task's fields (task_queue.task_logging)."""
+
+import json
+import uuid
+
+import pytest
+
+from task_queue.models import Task, TaskStatus
+from task_queue.operations import enqueue
+from tests.support.processes import manage_env, run_manage
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FIELDS = ("task_id", "trace_id", "agent", "worker", "attempt")
+
+
+def test_a_workers_json_lines_carry_each_tasks_fields():
+    trace = f"trace-{uuid.uuid4()}"
+    ok = [enqueue("EchoAgent", "echo", {"n": n}, trace_id=trace).id for n in range(2)]
+    failing = enqueue("EchoAgent", "echo", {"fail": "permanent"}, trace_id=trace).id
+    # Its second attempt: the line says so, from the task, not from a counter of its own.
+    retried = enqueue("EchoAgent", "echo", {"n": 9}, max_attempts=3).id
+    Task.objects.filter(id=retried).update(attempts=1)
+
+    done = run_manage(
+        "runworker",
+        "EchoAgent",
+        "--burst",
+        env={**manage_env(), "LOG_FORMAT": "json", "LOG_LEVEL": "DEBUG"},
+    )
+
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in (done.stdout + done.stderr).splitlines()]
+    assert all({"time", "level", "logger", "message"} <= line.keys() for line in lines)
+    ready = next(line for line in lines if " ready: " in line["message"])
+    worker = ready["message"].split()[1]
+    assert not set(FIELDS) & ready.keys()  # a line about no task names none
+    about = {}
+    for line in lines:
+        if "task_id" in line:
+            assert set(FIELDS) <= line.keys(), line
+            about.setdefault(line["task_id"], []).append(line)
+    assert set(about) == {str(t) for t in [*ok, failing, retried]}
+    for task_id, task_lines in about.items():
+        messages = [line["message"] for line in task_lines]
+        assert all(task_id in message for message in messages)
+        for line in task_lines:
+            assert line["agent"] == "EchoAgent" and line["worker"] == worker
+            assert line["trace_id"] == (None if task_id == str(retried) else trace)
+            assert line["attempt"] == (2 if task_id == str(retried) else 1)
+        assert messages[0].endswith("started: echo")
+    assert "completed" in about[str(ok[0])][-1]["message"]
+    failed = about[str(failing)][-1]
+    assert failed["level"] == "DEBUG" and "failed (for good): PermanentError" in failed["message"]
+    assert Task.objects.get(id=failing).status == TaskStatus.FAILED
+
+
+def test_text_is_the_default_and_an_unknown_format_is_refused():
+    env = {**manage_env(), "LOG_LEVEL": "INFO"}
+    env.pop("LOG_FORMAT", None)
+    text = run_manage("runworker", "EchoAgent", "--burst", env=env)
+    assert text.returncode == 0, text.stderr
+    assert " INFO task_queue.worker: worker " in text.stderr
+    assert not any(line.startswith("{") for line in text.stderr.splitlines())
+
+    refused = run_manage("runworker", "EchoAgent", "--burst", env={**env, "LOG_FORMAT": "xml"})
+    assert refused.returncode == 1
+    assert "LOG_FORMAT must be text or json, not 'xml'" in refused.stderr
