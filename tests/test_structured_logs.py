@@ -1,14 +1,26 @@
 """LOG_FORMAT=json: a real worker's every output line is a JSON object, and its lines
 about a task carry the task's fields (task_queue.task_logging)."""
 
+import asyncio
 import json
+import logging
 import uuid
 
 import pytest
 
+from agents_app import memory
+from agents_app.models import AgentEvent, EmbeddingJob
 from task_queue.models import Task, TaskStatus
 from task_queue.operations import enqueue
+from task_queue.task_logging import TaskFields
 from tests.support.processes import manage_env, run_manage
+from tests.test_relay import (
+    NATS_URL,
+    _jetstream,
+    command,
+    nats_namespace,  # noqa: F401 - a fixture
+    needs_nats,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -56,6 +68,33 @@ def test_a_workers_json_lines_carry_each_tasks_fields():
     assert Task.objects.get(id=failing).status == TaskStatus.FAILED
 
 
+@needs_nats
+def test_the_relays_line_about_a_commands_task_carries_its_fields(nats_namespace):  # noqa: F811
+    async def send(js) -> None:
+        await js.add_stream(name=f"{nats_namespace}_GRNS_CMD", subjects=[f"{nats_namespace}.cmd.>"])
+        body = command("cmd-log", target_agent_type="EchoAgent", task_type="echo", payload={})
+        await js.publish(f"{nats_namespace}.cmd.task.execute.v1", body)
+
+    asyncio.run(_jetstream(send))
+    args = ["--to", NATS_URL, "--namespace", nats_namespace, "--once", "--consume-commands"]
+    done = run_manage("relay_events", *args, env={**manage_env(), "LOG_FORMAT": "json"})
+
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in (done.stdout + done.stderr).splitlines()]
+    (task,) = Task.objects.filter(idempotency_key="cmd:cmd-log")
+    (line,) = [line for line in lines if line.get("task_id") == str(task.id)]
+    assert line["message"] == f"command: task {task.id} created"
+    fields = {name: line[name] for name in FIELDS}
+    # The relay creates the task; no worker has run it yet.
+    assert fields == {
+        "task_id": str(task.id),
+        "trace_id": "tr-cmd",
+        "agent": "EchoAgent",
+        "worker": None,
+        "attempt": None,
+    }
+
+
 def test_text_is_the_default_and_an_unknown_format_is_refused():
     env = {**manage_env(), "LOG_LEVEL": "INFO"}
     env.pop("LOG_FORMAT", None)
@@ -67,3 +106,30 @@ def test_text_is_the_default_and_an_unknown_format_is_refused():
     refused = run_manage("runworker", "EchoAgent", "--burst", env={**env, "LOG_FORMAT": "xml"})
     assert refused.returncode == 1
     assert "LOG_FORMAT must be text or json, not 'xml'" in refused.stderr
+
+
+def test_the_embedders_line_about_a_task_carries_its_fields(monkeypatch, caplog):
+    def broken(text: str) -> list[float]:
+        raise RuntimeError("embedder down")
+
+    monkeypatch.setattr(memory, "embed", broken)
+    task_id = enqueue("FitmentAgent", "generate_fitment", {}, trace_id="t-embed").id
+    event = AgentEvent.objects.create(
+        agent_name="FitmentAgent", event_type="task_completed", content="x", task_id=task_id
+    )
+    EmbeddingJob.objects.create(agent_event=event)
+    caplog.handler.addFilter(TaskFields())  # the filter settings.LOGGING gives its handler
+
+    with caplog.at_level(logging.WARNING, logger="agents_app.memory"):
+        memory.embed_batch("embedder:1")
+
+    (record,) = caplog.records
+    assert f"embedding the event of task {task_id} failed (retrying)" in record.getMessage()
+    fields = {name: getattr(record, name) for name in FIELDS}
+    assert fields == {
+        "task_id": str(task_id),
+        "trace_id": "t-embed",
+        "agent": "FitmentAgent",
+        "worker": "embedder:1",
+        "attempt": None,
+    }
