@@ -28,7 +28,7 @@ from task_queue import leases
 from task_queue.models import Task
 from task_queue.retry import CONNECTION_ERRORS, Backoff
 from task_queue.stop_signals import Stop
-from task_queue.task_logging import about_task
+from task_queue.task_logging import TaskRef, about_task
 
 from .embeddings import embed
 from .models import AgentEvent
@@ -89,7 +89,7 @@ def _log_failure(
         logger.warning("embedding event %s failed (%s): %r", job.agent_event_id, outcome, error)
         return
     trace_id = Task.objects.filter(id=job.task_id).values_list("trace_id", flat=True).first()
-    with about_task(job.task_id, trace_id=trace_id, agent=job.agent_name, worker=owner):
+    with about_task(TaskRef(job.task_id, trace_id, job.agent_name), owner):
         logger.warning(
             "embedding the event of task %s failed (%s): %r", job.task_id, outcome, error
         )

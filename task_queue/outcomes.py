@@ -23,7 +23,7 @@ from task_queue.sql import outcomes as outcomes_sql
 from . import blobs
 from .execution import Outcome, OutcomeKind, unrecordable
 from .retry import CONNECTION_ERRORS, Backoff
-from .task_logging import about_claimed
+from .task_logging import about_task
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class OutcomeWriter:
     def _write_refused(self, outcome: Outcome, error: DatabaseError) -> None:
         """The database refused this outcome itself: record the task as failed with the
         reason instead; if even that is refused, leave the task to the reaper."""
-        with about_claimed(outcome.task, self.owner):
+        with about_task(outcome.task, self.owner):
             logger.error("could not record the outcome of task %s: %s", outcome.task.id, error)
         replacement = unrecordable(outcome, error)
         if replacement is not outcome:
@@ -160,7 +160,7 @@ class OutcomeWriter:
             )
         refused = [o for o in batch if o.task.id not in recorded]
         for outcome in refused:
-            with about_claimed(outcome.task, self.owner):
+            with about_task(outcome.task, self.owner):
                 logger.warning(
                     "lease lost before the outcome of task %s was written; refused",
                     outcome.task.id,

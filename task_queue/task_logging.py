@@ -2,66 +2,64 @@
 ``agent``, ``worker`` and ``attempt``.
 
 One mechanism for every process: code working on a task runs inside
-:class:`about_task` (a context variable, so that the agent's own log lines in its
+:func:`about_task` (a context variable, so that the agent's own log lines in its
 handler carry the task too), and :class:`TaskFields`, a filter on the log handler
 (``settings.LOGGING``), copies it onto each record the handler emits. With
 ``LOG_FORMAT=json`` they are keys of the line's object (docs/operations.md).
 
-The filter runs only for lines that are emitted: below the log level, a task costs a
-context variable's set and reset and nothing more. Fields a process does not know
-(the relay runs no task: no worker, no attempt) are null.
+The context holds the task object itself and the fields are read from it only by the
+filter, which runs only for lines that are emitted: below the log level, a task
+costs a context variable's set and reset (:func:`enter`/:func:`leave`, which the
+worker calls around each handler) and nothing more.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar, Token
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 FIELDS = ("task_id", "trace_id", "agent", "worker", "attempt")
 
-# (task id, trace id, agent, worker, attempt), as given: formatted only when emitted.
-_Context = tuple[UUID | str, str | None, str | None, str | None, int | None]
-_current: ContextVar[_Context | None] = ContextVar("task_log_context", default=None)
+
+class TaskRef(NamedTuple):
+    """A task known by its fields, in a process that runs no attempt of it (the relay,
+    the embedder): its lines' ``attempt`` is null."""
+
+    id: UUID
+    trace_id: str | None
+    agent_name: str
 
 
-class about_task:
-    """Log lines written inside this block (on this thread) are about this task.
+# (the task: a ClaimedTask, a TaskRef or anything with their fields; the worker)
+_current: ContextVar[tuple[Any, str | None] | None] = ContextVar("task_log", default=None)
 
-    ``attempt`` counts from 1, as the event stream's ``attempt`` does.
+
+def enter(task: Any, worker: str | None = None) -> Token:
+    """Lines on this thread from now on are about ``task``, until :func:`leave`.
+
+    ``task`` has ``id``, ``trace_id`` and ``agent_name``; ``attempts`` (the attempts
+    already counted, as a ``ClaimedTask`` has) makes the line's ``attempt`` count
+    from 1, as the event stream's ``attempt`` does.
     """
-
-    __slots__ = ("_context", "_token")
-
-    def __init__(
-        self,
-        task_id: UUID | str,
-        *,
-        trace_id: str | None,
-        agent: str | None,
-        worker: str | None = None,
-        attempt: int | None = None,
-    ) -> None:
-        self._context: _Context = (task_id, trace_id, agent, worker, attempt)
-        self._token: Token | None = None
-
-    def __enter__(self) -> None:
-        self._token = _current.set(self._context)
-
-    def __exit__(self, *exc_info: Any) -> None:
-        _current.reset(self._token)
+    return _current.set((task, worker))
 
 
-def about_claimed(task: Any, worker: str) -> about_task:
-    """:class:`about_task` for a task a worker holds (a ``ClaimedTask``)."""
-    return about_task(
-        task.id,
-        trace_id=task.trace_id,
-        agent=task.agent_name,
-        worker=worker,
-        attempt=task.attempts + 1,
-    )
+def leave(token: Token) -> None:
+    _current.reset(token)
+
+
+@contextmanager
+def about_task(task: Any, worker: str | None = None) -> Iterator[None]:
+    """:func:`enter` and :func:`leave` around a block."""
+    token = enter(task, worker)
+    try:
+        yield
+    finally:
+        leave(token)
 
 
 class TaskFields(logging.Filter):
@@ -71,6 +69,10 @@ class TaskFields(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         context = _current.get()
         if context is not None and not hasattr(record, "task_id"):
-            record.task_id = str(context[0])
-            _, record.trace_id, record.agent, record.worker, record.attempt = context
+            task, record.worker = context
+            record.task_id = str(task.id)
+            record.trace_id = task.trace_id
+            record.agent = task.agent_name
+            attempts = getattr(task, "attempts", None)
+            record.attempt = None if attempts is None else attempts + 1
         return True

@@ -5,11 +5,13 @@ import asyncio
 import json
 import logging
 import uuid
+from types import SimpleNamespace
 
 import pytest
 
 from agents_app import memory
 from agents_app.models import AgentEvent, EmbeddingJob
+from task_queue import task_logging
 from task_queue.models import Task, TaskStatus
 from task_queue.operations import enqueue
 from task_queue.task_logging import TaskFields
@@ -133,3 +135,35 @@ def test_the_embedders_line_about_a_task_carries_its_fields(monkeypatch, caplog)
         "worker": "embedder:1",
         "attempt": None,
     }
+
+
+def test_any_line_inside_a_tasks_context_carries_it_and_none_outside():
+    """An agent's own lines in its handler, from a logger of its own: the worker's
+    context covers them (the worker enters it around the handler)."""
+    filter_ = TaskFields()
+    task = SimpleNamespace(id=uuid.uuid4(), trace_id="t-1", agent_name="PricingAgent", attempts=2)
+
+    def record() -> logging.LogRecord:
+        made = logging.getLogger("agents_app.agents.pricing").makeRecord(
+            "agents_app.agents.pricing", logging.INFO, __file__, 1, "priced", (), None
+        )
+        assert filter_.filter(made)
+        return made
+
+    with task_logging.about_task(task, "host:1"):
+        inside = record()
+        with task_logging.about_task(task_logging.TaskRef(uuid.uuid4(), None, "SEOAgent")):
+            nested = record()
+        after_nested = record()
+    outside = record()
+
+    assert {name: getattr(inside, name) for name in FIELDS} == {
+        "task_id": str(task.id),
+        "trace_id": "t-1",
+        "agent": "PricingAgent",
+        "worker": "host:1",
+        "attempt": 3,
+    }
+    assert (nested.agent, nested.worker, nested.attempt) == ("SEOAgent", None, None)
+    assert after_nested.task_id == str(task.id)
+    assert not any(hasattr(outside, name) for name in FIELDS)

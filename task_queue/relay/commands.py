@@ -39,11 +39,12 @@ _OPTIONS = ("priority", "max_attempts", "delay_seconds")
 
 @dataclass(frozen=True, slots=True)
 class CommandTask:
-    """The task a command created (or found): what the relay's log line names."""
+    """The task a command created (or found): what the relay's log line is about
+    (``task_logging.about_task``)."""
 
     id: uuid.UUID
     created: bool  # False: an earlier delivery of the command created it
-    agent: str
+    agent_name: str
     trace_id: str | None
 
 

@@ -223,6 +223,6 @@ class Relay:
             logger.warning("command refused: %s", reason[:1000])
             return reason
         self.stats.commands += 1
-        with about_task(task.id, trace_id=task.trace_id, agent=task.agent):
+        with about_task(task):
             logger.info("command: task %s %s", task.id, "created" if task.created else "exists")
         return None
