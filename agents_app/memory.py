@@ -25,8 +25,10 @@ from pgvector.django import CosineDistance
 
 from agents_app.sql import memory as memory_sql
 from task_queue import leases
+from task_queue.models import Task
 from task_queue.retry import CONNECTION_ERRORS, Backoff
 from task_queue.stop_signals import Stop
+from task_queue.task_logging import TaskRef, about_task
 
 from .embeddings import embed
 from .models import AgentEvent
@@ -62,15 +64,35 @@ def embed_batch(
                 "message": str(error),
                 "traceback": traceback.format_exc(),
             }
-            memory_sql.fail_embedding_job(
+            status = memory_sql.fail_embedding_job(
                 job.id, job.lease_token, error_info, BASE_DELAY, owner=owner
             )
+            _log_failure(job, owner, error, status)
             stats.failed += 1
     if done:
         kept = memory_sql.complete_embedding_jobs(done, owner=owner)
         stats.embedded += len(kept)
         stats.refused += len(done) - len(kept)
     return stats
+
+
+def _log_failure(
+    job: memory_sql.ClaimedEmbeddingJob, owner: str, error: Exception, status: str | None
+) -> None:
+    """A warning about the failed job, with its task's fields when its event has a task
+    (the trace is read only when the line is emitted; ``attempt`` is null: the event
+    belongs to the task, not to one of its attempts)."""
+    if not logger.isEnabledFor(logging.WARNING):
+        return
+    outcome = {"pending": "retrying", "dead": "given up"}.get(status or "", "lease lost")
+    if job.task_id is None:
+        logger.warning("embedding event %s failed (%s): %r", job.agent_event_id, outcome, error)
+        return
+    trace_id = Task.objects.filter(id=job.task_id).values_list("trace_id", flat=True).first()
+    with about_task(TaskRef(job.task_id, trace_id, job.agent_name), owner):
+        logger.warning(
+            "embedding the event of task %s failed (%s): %r", job.task_id, outcome, error
+        )
 
 
 def run_embedder(

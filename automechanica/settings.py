@@ -18,6 +18,7 @@ from automechanica.deployment import (
     proxy_ssl_header,
     secret_key,
 )
+from automechanica.log_config import logging_settings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("AUTOMECHANICA_VAR_DIR", BASE_DIR / "var"))
@@ -209,13 +210,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_REQUEST_BYTES
 # (automechanica.read_timeout): 503 past it; 0 turns it off.
 READ_STATEMENT_TIMEOUT_SECONDS = float(os.environ.get("READ_STATEMENT_TIMEOUT_SECONDS", 5))
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-}
+# LOG_LEVEL (INFO) and LOG_FORMAT (text, or json: a JSON object per line).
+LOGGING = logging_settings(os.environ)
 
 # Modules whose import registers agents (task_queue.registry). Extra modules, such as
 # a deployment's own agents or the test suite's, come from the environment.

@@ -8,6 +8,7 @@ a lone outcome is written at once. Each kind of outcome is one fenced statement
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -22,6 +23,7 @@ from task_queue.sql import outcomes as outcomes_sql
 from . import blobs
 from .execution import Outcome, OutcomeKind, unrecordable
 from .retry import CONNECTION_ERRORS, Backoff
+from .task_logging import about_task
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +111,8 @@ class OutcomeWriter:
     def _write_refused(self, outcome: Outcome, error: DatabaseError) -> None:
         """The database refused this outcome itself: record the task as failed with the
         reason instead; if even that is refused, leave the task to the reaper."""
-        logger.error("could not record the outcome of task %s: %s", outcome.task.id, error)
+        with about_task(outcome.task, self.owner):
+            logger.error("could not record the outcome of task %s: %s", outcome.task.id, error)
         replacement = unrecordable(outcome, error)
         if replacement is not outcome:
             self._write_with_retry([replacement])
@@ -155,11 +158,35 @@ class OutcomeWriter:
             recorded |= outcomes_sql.confirm_cancelled(
                 owner=self.owner, held=[(o.task.id, o.task.lease_token) for o in cancelled], now=now
             )
-        refused = [o.task.id for o in batch if o.task.id not in recorded]
-        if refused:
-            logger.warning("lease lost before the outcome was written; refused: %s", refused)
+        refused = [o for o in batch if o.task.id not in recorded]
+        for outcome in refused:
+            with about_task(outcome.task, self.owner):
+                logger.warning(
+                    "lease lost before the outcome of task %s was written; refused",
+                    outcome.task.id,
+                )
         self.refused += len(refused)
         self.written += len(batch)
         with self._count_lock:
             self._unwritten -= len(batch)
         self._written_event.set()
+
+
+def log_outcome(outcome: Outcome) -> None:
+    """A debug line for a handler's outcome (inside the task's ``about_task``); the
+    error's JSON is read only when the line is emitted."""
+    if not logger.isEnabledFor(logging.DEBUG):
+        return
+    task = outcome.task
+    if outcome.kind is not OutcomeKind.FAILED:
+        logger.debug("task %s %s", task.id, outcome.kind.value)
+        return
+    error = json.loads(outcome.error_json)
+    again = outcome.retryable and task.attempts + 1 < task.max_attempts
+    logger.debug(
+        "task %s failed (%s): %s: %s",
+        task.id,
+        "will retry" if again else "for good",
+        error["type"],
+        error["message"],
+    )

@@ -34,10 +34,10 @@ from task_queue.sql import enqueue as enqueue_sql
 from task_queue.sql import leasing
 from task_queue.sql import outcomes as outcomes_sql
 
-from . import leases, reaper, registry
+from . import leases, reaper, registry, task_logging
 from .execution import InFlight, StopReason, deadline_for, run_handler, timed_out
 from .notifications import Listener
-from .outcomes import OutcomeWriter
+from .outcomes import OutcomeWriter, log_outcome
 from .retry import CONNECTION_ERRORS, Backoff
 
 logger = logging.getLogger(__name__)
@@ -207,9 +207,18 @@ class Worker:
             try:
                 if flight.settled:
                     continue  # released at shutdown before a thread took it: not ours now
-                outcome = run_handler(flight)
-                if outcome is not None and flight.settle():
-                    self._writer.put(outcome)
+                about = task_logging.enter(flight.task, self.id)  # the hot path: no `with`
+                try:
+                    logger.debug("task %s started: %s", flight.task.id, flight.task.task_type)
+                    outcome = run_handler(flight)
+                    if outcome is not None and flight.settle():
+                        log_outcome(outcome)
+                        self._writer.put(outcome)
+                    elif flight.stop_reason is not None:
+                        reason = flight.stop_reason.value
+                        logger.debug("task %s stopped: %s", flight.task.id, reason)
+                finally:
+                    task_logging.leave(about)
             finally:
                 self._forget([flight])
                 self._wake.set()
@@ -266,7 +275,8 @@ class Worker:
         for flight in flights:
             if flight.task.id not in alive:
                 if flight.settle():
-                    logger.warning("lost the lease on task %s; stopping it", flight.task.id)
+                    with task_logging.about_task(flight.task, self.id):
+                        logger.warning("lost the lease on task %s; stopping it", flight.task.id)
                     flight.stop(StopReason.LEASE_LOST)
             elif alive[flight.task.id]:
                 flight.stop(StopReason.CANCEL_REQUESTED)
@@ -274,7 +284,8 @@ class Worker:
     def _fail_timed_out(self, now: float) -> None:
         for flight in self._held_flights():
             if now > flight.deadline and flight.settle():
-                logger.warning("task %s timed out; stopping it", flight.task.id)
+                with task_logging.about_task(flight.task, self.id):
+                    logger.warning("task %s timed out; stopping it", flight.task.id)
                 flight.stop(StopReason.TIMED_OUT)
                 self._writer.put(timed_out(flight))
 

@@ -82,7 +82,7 @@ SET status = 'leased', attempts = j.attempts + 1, {EMBEDDING_LEASE.grant()},
     updated_at = {_NOW}
 FROM due, agent_events e
 WHERE j.id = due.id AND e.id = j.agent_event_id
-RETURNING j.id, j.lease_token, e.id, e.content
+RETURNING j.id, j.lease_token, e.id, e.content, e.task_id, e.agent_name
 """
 
 # Fenced: a job whose lease expired and was claimed again is not completed by its
@@ -140,6 +140,8 @@ class ClaimedEmbeddingJob:
     lease_token: UUID
     agent_event_id: int
     text: str
+    task_id: UUID | None  # the event's task and agent, for the log lines about it
+    agent_name: str
 
 
 def claim_embedding_jobs(

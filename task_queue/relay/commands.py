@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 
 from task_queue.operations import (
     MAX_KEY_LENGTH,
-    Enqueued,
     IdempotencyConflict,
     InvalidTask,
     TaskSpec,
@@ -35,6 +35,17 @@ from task_queue.relay.names import COMMAND_KIND
 
 # The task fields a command may set, beyond the agent and task type.
 _OPTIONS = ("priority", "max_attempts", "delay_seconds")
+
+
+@dataclass(frozen=True, slots=True)
+class CommandTask:
+    """The task a command created (or found): what the relay's log line is about
+    (``task_logging.about_task``)."""
+
+    id: uuid.UUID
+    created: bool  # False: an earlier delivery of the command created it
+    agent_name: str
+    trace_id: str | None
 
 
 # Room for the envelope around a task payload of QUEUE_MAX_PAYLOAD_BYTES.
@@ -57,7 +68,7 @@ def dead_letter_body(body: bytes) -> bytes:
     return body[:DEAD_LETTER_BODY_BYTES]
 
 
-def execute_command(body: bytes) -> Enqueued:
+def execute_command(body: bytes) -> CommandTask:
     """Create the command's task, or find the one an earlier delivery created.
 
     Whatever the body, the answer is a task or :class:`InvalidCommand`: a body over
@@ -97,7 +108,7 @@ def execute_command(body: bytes) -> Enqueued:
         **{name: command[name] for name in _OPTIONS if command.get(name) is not None},
     )
     try:
-        return enqueue_many([spec], prefix="payload", indexed=False)[0]
+        task = enqueue_many([spec], prefix="payload", indexed=False)[0]
     except InvalidTask as error:
         raise InvalidCommand(str(error)) from None
     except (OverflowError, RecursionError) as error:  # a number or nesting out of range
@@ -106,6 +117,7 @@ def execute_command(body: bytes) -> Enqueued:
         raise InvalidCommand(
             f"message_id: {message_id!r} was already executed with different content"
         ) from None
+    return CommandTask(task.id, task.created, spec.agent_name, spec.trace_id)
 
 
 def _workflow_id(value: Any) -> uuid.UUID | None:

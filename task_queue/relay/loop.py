@@ -24,6 +24,7 @@ from task_queue import event_stream
 from task_queue.event_stream import Envelope
 from task_queue.relay.commands import DEAD_LETTER_BODY_BYTES, InvalidCommand, execute_command
 from task_queue.sql import outbox
+from task_queue.task_logging import about_task
 
 logger = logging.getLogger(__name__)
 
@@ -222,5 +223,6 @@ class Relay:
             logger.warning("command refused: %s", reason[:1000])
             return reason
         self.stats.commands += 1
-        logger.info("command: task %s %s", task.id, "created" if task.created else "exists")
+        with about_task(task):
+            logger.info("command: task %s %s", task.id, "created" if task.created else "exists")
         return None

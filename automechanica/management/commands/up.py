@@ -72,20 +72,9 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         self._first_admin()
         self.stdout.write("database ready; starting workers: " + ", ".join(agents))
-        commands = {
-            agent: ["manage.py", "runworker", agent, "--concurrency", str(options["concurrency"])]
-            for agent in agents
-        }
-        # daphne writes a line per request to the terminal unless told otherwise
-        # (-v 0; Django's LOGGING still sets the level of every other log).
-        log = options["access_log"]
-        access_log = ["--access-log", log] if log else ["-v", "0"]
-        commands["web server"] = [
-            "-m", "daphne", "-b", options["host"], "-p", str(options["port"]), *access_log,
-            "automechanica.asgi:application",
-        ]  # fmt: skip
-        commands["maintenance"] = ["manage.py", "runmaintenance"]
-        commands["agent memory"] = ["manage.py", "runembedder"]
+        commands = long_running_commands(
+            agents, options["concurrency"], options["host"], options["port"], options["access_log"]
+        )
         url = f"http://{options['host']}:{options['port']}"
         environments = {}
         if options["demo"]:
@@ -183,6 +172,27 @@ class Command(BaseCommand):
                 "`manage.py changepassword`)"
             )
         )
+
+
+def long_running_commands(
+    agents: Iterable[str], concurrency: int, host: str, port: int, access_log: str | None
+) -> dict[str, list[str]]:
+    """The processes ``up`` always runs, by name: each one's arguments to the Python
+    interpreter. docker-compose.yml has a service for each (tests/test_compose.py)."""
+    commands = {
+        agent: ["manage.py", "runworker", agent, "--concurrency", str(concurrency)]
+        for agent in agents
+    }
+    # daphne writes a line per request to the terminal unless told otherwise
+    # (-v 0; Django's LOGGING still sets the level of every other log).
+    log_options = ["--access-log", access_log] if access_log else ["-v", "0"]
+    commands["web server"] = [
+        "-m", "daphne", "-b", host, "-p", str(port), *log_options,
+        "automechanica.asgi:application",
+    ]  # fmt: skip
+    commands["maintenance"] = ["manage.py", "runmaintenance"]
+    commands["agent memory"] = ["manage.py", "runembedder"]
+    return commands
 
 
 def _stop_stages(names: Iterable[str]) -> list[list[str]]:
