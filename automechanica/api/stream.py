@@ -60,7 +60,8 @@ class StreamConsumer(AsyncWebsocketConsumer):
         if hasattr(self, "subscriber"):
             hub.leave(self.subscriber)
             self.sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # Cancelled, or failed on sending to a client already gone.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.sender
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -76,9 +77,12 @@ class StreamConsumer(AsyncWebsocketConsumer):
         closing = subscriber.closing
         while True:
             waiting = asyncio.ensure_future(subscriber.queue.get())
-            await asyncio.wait([waiting, closing], return_when=asyncio.FIRST_COMPLETED)
+            try:
+                await asyncio.wait([waiting, closing], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not waiting.done():
+                    waiting.cancel()
             if closing.done():
-                waiting.cancel()
                 await self.close(code=closing.result())
                 return
             event = waiting.result()

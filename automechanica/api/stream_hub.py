@@ -11,9 +11,9 @@ Reading is ``event_stream.next_batch``, which first gives committed events their
 positions (the sequencer, under its lock), so an event reaches a client as soon as
 its transaction commits, not at the maintenance loop's next minute.
 
-Every ``CHECK_SECONDS`` (and at each wake-up) the hub also reads again, in case a
-notification was lost with a connection, and looks up the tokens of its clients in
-one query: a client whose token was revoked or deleted is closed.
+Every ``CHECK_SECONDS`` the hub also reads again, in case a notification was lost
+with a connection, and looks up the tokens of its clients in one query: a client
+whose token was revoked or deleted is closed.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass, field
 
 from channels.db import database_sync_to_async
@@ -109,9 +110,12 @@ class StreamHub:
             try:
                 async with listening_async(EVENTS_CHANNEL) as conn:
                     self.listening.set()
+                    checked = 0.0
                     while True:
                         await self._deliver()  # what committed since the last read
-                        await self._check_tokens()
+                        if time.monotonic() - checked >= CHECK_SECONDS:
+                            checked = time.monotonic()
+                            await self._check_tokens()
                         async for _ in conn.notifies(timeout=CHECK_SECONDS, stop_after=1):
                             pass
             except Exception as error:  # the hub must outlive any one failure
