@@ -184,3 +184,21 @@ def listeners() -> int:
             "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN automechanica_events'"
         )
         return cursor.fetchone()[0]
+
+
+def test_a_token_bound_to_agents_sees_only_their_messages(live_servers):
+    """As the messaging routes: a token bound to agents reads only their messages;
+    task events are not bound."""
+    server = live_servers()
+    writer = token("write", name="sender")
+    start = event_stream.head()
+    for sender in ("SEOAgent", "PricingAgent"):
+        message = {"from_agent": sender, "to_agent": "FitmentAgent", "message_type": "notification"}
+        status, body = http("POST", server.url + "/api/v1/messages", writer, message)
+        assert status == 201, body
+    (task_id,) = create(server, writer, [echo()])
+    bound = token("read", name="pricing", agents=("PricingAgent",))
+    with open_stream(server, bound, f"after={start}") as socket:
+        first, second = (json.loads(m) for m in receive(socket, 2))
+    assert first["payload"]["from_agent"] == "PricingAgent"
+    assert second["payload"]["task_id"] == task_id

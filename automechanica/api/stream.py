@@ -2,7 +2,8 @@
 
 The client sends ``Authorization: Bearer TOKEN`` (any scope: each includes
 ``read``); without a valid token the handshake is refused (HTTP 403) and nothing is
-sent. Each message is one envelope exactly as ``export_events`` writes a line
+sent. A token bound to agents gets message and publication events only of its
+agents. Each message is one envelope exactly as ``export_events`` writes a line
 (``Envelope.to_json``, with its ``position``), in position order, filtered by the
 query parameters (``stream_filter``). With ``?after=POSITION`` the client first gets
 the events after that position from the database, then the live ones, each once: a
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from dataclasses import replace
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -51,6 +53,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
             await self.send(text_data=json.dumps(message))
             await self.close(code=BAD_FILTER)
             return
+        stream_filter = replace(stream_filter, token_agents=frozenset(token.agents))
         self.subscriber = Subscriber(stream_filter, token.pk)
         await hub.join(self.subscriber)
         await self.accept()

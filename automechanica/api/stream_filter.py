@@ -37,6 +37,10 @@ class StreamFilter:
     kinds: tuple[str, ...] = ()
     # Resume after this position; None: from the events committed after connecting.
     after: int | None = None
+    # The agents the client's token is bound to (automechanica.api.agents): then
+    # message and publication events only of these agents (sent, received or
+    # published), as the messaging routes would show it; task events are not bound.
+    token_agents: frozenset[str] = frozenset()
 
     @classmethod
     def from_query(cls, query_string: bytes) -> StreamFilter:
@@ -75,9 +79,10 @@ class StreamFilter:
             return False
         if self.task_ids and task_id not in self.task_ids:
             return False
-        if self.agent is not None and self.agent not in (
-            event.payload.get(f) for f in AGENT_FIELDS
-        ):
+        agents = {event.payload.get(f) for f in AGENT_FIELDS}
+        if self.agent is not None and self.agent not in agents:
+            return False
+        if self.token_agents and task_id is None and not self.token_agents & agents:
             return False
         return not self.kinds or any(fnmatch.fnmatchcase(event.kind, k) for k in self.kinds)
 
