@@ -18,7 +18,7 @@ from task_queue.models import Task, TaskStatus
 from tests.support.api import token
 from tests.support.processes import REPO, manage_env
 from tests.support.queue import complete_pending
-from tests.support.server import http
+from tests.support.server import free_port, http
 from tests.support.waiting import wait_for
 from workflows.management.commands.runorchestrator import Command as RunOrchestrator
 from workflows.models import Workflow
@@ -467,3 +467,31 @@ def test_following_the_stream_drives_a_workflow_per_event_and_resumes(live_serve
         assert client.requests == before  # a closed workflow is not driven any more
     finally:
         stream.close()
+
+
+@pytest.mark.slow
+def test_the_orchestrator_polls_while_the_stream_is_unavailable(live_servers, caplog):
+    """A stream that cannot be opened (nothing listens there): the loop polls the
+    API instead and the workflow still moves on."""
+    server = live_servers()
+    client = ApiClient(server.url, token("write"))
+    driver = Orchestrator(client)
+    workflow = driver.start(parse(TWO_STEPS), {})
+    nowhere = EventStream(f"http://127.0.0.1:{free_port()}", client.token)
+    stop = threading.Event()
+    loop = threading.Thread(
+        target=RunOrchestrator()._loop,
+        args=(driver, stop, 0.05, False, None, nowhere),
+        daemon=True,
+    )
+    with caplog.at_level("WARNING"):
+        loop.start()
+        try:
+            complete_pending("EchoAgent")  # step a: the next pass enqueues b
+            wait_for(lambda: tasks_of(workflow, ":b"), what="step b, by polling")
+            wait_for(lambda: not Workflow.objects.get(id=workflow).open, what="closed")
+        finally:
+            stop.set()
+            loop.join(30)
+    assert not loop.is_alive()
+    assert any("the live stream is unavailable" in m for m in caplog.messages)
