@@ -21,9 +21,11 @@ from channels.auth import AuthMiddlewareStack
 from channels.routing import ProtocolTypeRouter, URLRouter
 from channels.security.websocket import AllowedHostsOriginValidator
 from django.conf import settings
+from django.urls import re_path
 
 from automechanica import body_limit
-from automechanica.dashboard.routing import websocket_urlpatterns
+from automechanica.api.routing import websocket_urlpatterns as api_sockets
+from automechanica.dashboard.routing import websocket_urlpatterns as dashboard_sockets
 
 # The URL configuration (the API, the dashboard) now rather than at the first request,
 # so that what follows covers it.
@@ -42,10 +44,19 @@ application = ProtocolTypeRouter(
         # The server serves its own static files (the API docs' Swagger UI, the admin's
         # styles) from the apps' static folders: no collectstatic step, no second server.
         "http": ASGIStaticFilesHandler(django_asgi_app),
-        # Origin must be one of ALLOWED_HOSTS (no cross-site sockets riding on the
-        # session cookie); the consumer then requires a staff session.
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+        "websocket": URLRouter(
+            [
+                # API clients: a bearer token, which no browser sends by itself to
+                # another site's socket, so any Origin (or none, as programs send).
+                *api_sockets,
+                # Dashboards: Origin must be one of ALLOWED_HOSTS (no cross-site
+                # sockets riding on the session cookie); the consumer then requires a
+                # staff session.
+                re_path(
+                    r"",
+                    AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(dashboard_sockets))),
+                ),
+            ]
         ),
     }
 )

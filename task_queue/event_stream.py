@@ -70,6 +70,13 @@ def next_batch(after: int, *, limit: int, since_time: datetime | None = None) ->
     return [_envelope(*row) for row in rows]
 
 
+def head() -> int:
+    """The stream's last position, once every committed event has one: a reader that
+    starts after it misses nothing committed before this call."""
+    sequence()
+    return outbox.head_position()
+
+
 def _envelope(
     position: int,
     schema_version: str,

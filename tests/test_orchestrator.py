@@ -17,13 +17,15 @@ from django.core.management.base import CommandError
 from task_queue.models import Task, TaskStatus
 from tests.support.api import token
 from tests.support.processes import REPO, manage_env
-from tests.support.server import http
+from tests.support.queue import complete_pending
+from tests.support.server import free_port, http
 from tests.support.waiting import wait_for
 from workflows.management.commands.runorchestrator import Command as RunOrchestrator
 from workflows.models import Workflow
 from workflows.orchestrator.client import TOKEN_VARIABLE, ApiClient, ApiError
 from workflows.orchestrator.definitions import DefinitionError, load_all, parse, render
 from workflows.orchestrator.driver import Orchestrator, plan
+from workflows.orchestrator.follow import EventStream
 
 DEFINITIONS = Path(__file__).parent / "support" / "definitions"
 FEED = REPO / "workflows" / "orchestrator" / "examples" / "acme_feed.json"
@@ -169,7 +171,14 @@ class StuckWorkflowApi:
     def pages(self, path: str, **params: str) -> list[dict]:
         if path == "/api/v1/workflows":
             return [self.workflow] if self.open else []
-        return [{"idempotency_key": "wf:r:normalize", "status": self.status, "result": None}]
+        return [
+            {
+                "id": "t-1",
+                "idempotency_key": "wf:r:normalize",
+                "status": self.status,
+                "result": None,
+            }
+        ]
 
 
 def test_a_stuck_workflow_is_reported_once_per_change(caplog):
@@ -401,3 +410,88 @@ def test_orchestrator_survives_lost_answers_bad_workflows_and_cancelled_tasks(li
     assert Workflow.objects.get(id=doomed).cancelled_at is not None
     assert tasks_of(doomed) == [first]
     assert Workflow.objects.get(id=broken["id"]).open
+
+
+class CountingClient(ApiClient):
+    """Counts the requests it makes."""
+
+    requests = 0
+
+    def request(self, method: str, path: str, body=None):
+        self.requests += 1
+        return super().request(method, path, body)
+
+
+TWO_STEPS = {
+    "name": "two_steps",
+    "steps": [
+        {"name": "a", "agent_name": "EchoAgent", "task_type": "echo"},
+        {"name": "b", "agent_name": "EchoAgent", "task_type": "echo", "depends_on": ["a"]},
+    ],
+}
+
+
+def next_events(stream: EventStream) -> list[dict]:
+    return wait_for(lambda: stream.receive(timeout=1.0), what="events on the stream")
+
+
+@pytest.mark.slow
+def test_following_the_stream_drives_a_workflow_per_event_and_resumes(live_servers):
+    """Over a real daphne: an event costs the requests of driving its workflow, no
+    event costs none, and a stream reopened after a drop resumes where it stopped."""
+    server = live_servers()
+    client = CountingClient(server.url, token("write"))
+    driver = Orchestrator(client)
+    stream = EventStream(server.url, client.token)
+    assert stream.connect() is False  # no position yet: the caller makes a pass
+    try:
+        workflow = driver.start(parse(TWO_STEPS), {})
+        assert driver.on_events([]) == 0
+        before = client.requests
+        complete_pending("EchoAgent")  # step a
+        events = next_events(stream)
+        assert [e["kind"] for e in events] == ["evt.task.completed.v1"]
+        assert driver.on_events(events) == 1
+        # Its tasks, step b's, and closing it (every step has its tasks).
+        assert client.requests - before == 3
+        assert not Workflow.objects.get(id=workflow).open
+        (b,) = tasks_of(workflow, ":b")
+
+        stream.close()  # dropped; step b completes meanwhile
+        complete_pending("EchoAgent")
+        assert stream.connect() is True  # resumed after the last position seen
+        events = next_events(stream)
+        assert [e["payload"]["task_id"] for e in events] == [str(b.id)]
+        before = client.requests
+        assert driver.on_events(events) == 0
+        assert client.requests == before  # a closed workflow is not driven any more
+    finally:
+        stream.close()
+
+
+@pytest.mark.slow
+def test_the_orchestrator_polls_while_the_stream_is_unavailable(live_servers, caplog):
+    """A stream that cannot be opened (nothing listens there): the loop polls the
+    API instead and the workflow still moves on."""
+    server = live_servers()
+    client = ApiClient(server.url, token("write"))
+    driver = Orchestrator(client)
+    workflow = driver.start(parse(TWO_STEPS), {})
+    nowhere = EventStream(f"http://127.0.0.1:{free_port()}", client.token)
+    stop = threading.Event()
+    loop = threading.Thread(
+        target=RunOrchestrator()._loop,
+        args=(driver, stop, 0.05, False, None, nowhere),
+        daemon=True,
+    )
+    with caplog.at_level("WARNING"):
+        loop.start()
+        try:
+            complete_pending("EchoAgent")  # step a: the next pass enqueues b
+            wait_for(lambda: tasks_of(workflow, ":b"), what="step b, by polling")
+            wait_for(lambda: not Workflow.objects.get(id=workflow).open, what="closed")
+        finally:
+            stop.set()
+            loop.join(30)
+    assert not loop.is_alive()
+    assert any("the live stream is unavailable" in m for m in caplog.messages)

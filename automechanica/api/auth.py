@@ -41,6 +41,19 @@ class TokenAuth(HttpBearer):
         return row
 
 
+def token_of_header(authorization: str, scope: Scope) -> ApiToken | None:
+    """The active token of an ``Authorization: Bearer <token>`` value whose scope
+    includes ``scope``, or None: for the live stream, a WebSocket that ninja does not
+    route (the same check as ``TokenAuth``)."""
+    kind, _, token = authorization.partition(" ")
+    if kind.lower() != "bearer" or not token.strip():
+        return None
+    row = find_active_token(token.strip())
+    if row is None or not scope_allows(row.scope, scope):
+        return None
+    return row
+
+
 READ = TokenAuth(Scope.READ)
 WRITE = TokenAuth(Scope.WRITE)
 ADMIN = TokenAuth(Scope.ADMIN)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import timedelta
 
 from django.utils import timezone
@@ -53,3 +53,8 @@ def find_active_token(token: str) -> ApiToken | None:
         if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
             ApiToken.objects.filter(pk=row.pk).update(last_used_at=now)
     return row
+
+
+def active_token_ids(ids: Collection[int]) -> set[int]:
+    """Those of ``ids`` whose tokens still exist and are not revoked."""
+    return set(ApiToken.objects.filter(pk__in=ids, revoked_at=None).values_list("pk", flat=True))

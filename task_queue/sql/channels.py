@@ -11,3 +11,7 @@ NOTIFY_CHANNEL = "automechanica_tasks"
 # "left": tasks that left the dead letter, "arrived": tasks that entered it}.
 # The dashboard listens.
 TASK_CHANGES_CHANNEL = "automechanica_task_changes"
+
+# Every transaction that writes envelopes into event_outbox notifies here, once, with
+# an empty payload (a trigger, migration queue 0019). The API's stream hub listens.
+EVENTS_CHANNEL = "automechanica_events"

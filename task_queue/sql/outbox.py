@@ -77,6 +77,14 @@ def read_events(*, after: int, limit: int, since_time: datetime | None = None) -
     return fetch(READ_EVENTS, {"after": after, "limit": limit, "since_time": since_time})
 
 
+HEAD_POSITION = "SELECT COALESCE(max(position), 0) FROM event_outbox"
+
+
+def head_position() -> int:
+    """The highest position given so far (0 for an empty stream)."""
+    return fetch(HEAD_POSITION, {})[0][0]
+
+
 def try_relay_lock(destination: str) -> bool:
     """One relay per destination: a lock held by this database session until
     :func:`relay_unlock` or the session ends (a killed relay's ends with it)."""

@@ -143,3 +143,14 @@ CROSS JOIN LATERAL (
 def tasks_as_api_json(ids: Sequence[UUID]) -> str:
     """The JSON array of these tasks as the API shows them (``TASKS_AS_API_JSON``)."""
     return fetch(TASKS_AS_API_JSON, {"ids": list(ids)})[0][0]
+
+
+TASK_WORKFLOWS = """
+SELECT id::text, workflow_id::text FROM tasks
+WHERE id = ANY(%(ids)s::uuid[]) AND workflow_id IS NOT NULL
+"""
+
+
+def task_workflows(ids: Sequence[str]) -> dict[str, str]:
+    """The workflow of each of these tasks that is in one (task id → workflow id)."""
+    return dict(fetch(TASK_WORKFLOWS, {"ids": list(ids)}))

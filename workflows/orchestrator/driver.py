@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 
 # The API's largest batch of tasks in one request.
 BATCH = 1000
+# Tasks whose workflow is remembered, beyond which they are forgotten (and asked for
+# again when their events come).
+MAX_REMEMBERED = 100_000
 
 
 def task_key(run_id: str, step: Step, index: int | None) -> str:
@@ -100,11 +103,24 @@ def _new_task(step: Step, key: str, payload: Any) -> dict[str, Any]:
 
 
 class Orchestrator:
+    """Drives workflows by polling (``run_once``) or, following the live stream, as
+    their tasks' events arrive (``on_events``): then each event costs the requests
+    of driving its workflow, and nothing changing costs none."""
+
     def __init__(self, client: ApiClient) -> None:
         self.client = client
         # Workflow id -> the stuck steps last reported, so that a workflow waiting
         # for an operator is logged once per change, not at every pass.
         self._stuck: dict[str, tuple[str, ...]] = {}
+        # What the events name, learnt from passes, drives and lookups: a task's or a
+        # trace's workflow (None: in none, or in one not driven here), and the open
+        # workflows driven here (None: closed, or someone else's).
+        self._task_workflows: dict[str, str | None] = {}
+        self._trace_workflows: dict[str, str | None] = {}
+        self._workflows: dict[str, dict[str, Any] | None] = {}
+        # Following the stream: events and workflows to try again (``on_events``).
+        self._unresolved: list[dict[str, Any]] = []
+        self._retry: set[str] = set()
 
     def start(self, definition: Definition, workflow_input: Any, *, name: str = "") -> str:
         """Create a workflow running ``definition`` with its first steps' tasks."""
@@ -112,6 +128,8 @@ class Orchestrator:
         first = plan(definition, run_id, workflow_input, [])
         body = {
             "name": name or definition.name,
+            # The workflow's tasks share its trace: the events of a task name it.
+            "trace_id": f"wf-{run_id}",
             # Open while steps remain, or first tasks beyond one request's batch.
             "open": not first.complete or len(first.new_tasks) > BATCH,
             "metadata": {
@@ -124,7 +142,9 @@ class Orchestrator:
             "tasks": first.new_tasks[:BATCH],
         }
         try:
-            workflow_id = self.client.post("/api/v1/workflows", body)["id"]
+            created = self.client.post("/api/v1/workflows", body)
+            workflow_id = created["id"]
+            self._remember(created, created["task_ids"])
         except ApiError as error:
             # The client resent the request after a lost answer and the first attempt
             # had committed: its tasks' keys now belong to that workflow.
@@ -146,17 +166,101 @@ class Orchestrator:
             if not isinstance(state, dict):
                 continue  # a workflow someone else drives
             seen.add(workflow["id"])
-            try:
-                created += self.drive(workflow, state)
-            except (ApiError, DefinitionError) as error:
-                log.error("workflow %s: %s", workflow["id"], error)
-            except Exception:
-                # One malformed workflow (its metadata edited by hand, say) must not
-                # stop the others from being driven.
-                log.exception("workflow %s: cannot drive it", workflow["id"])
+            created += self._drive_one(workflow, state) or 0
         # Closed or cancelled workflows are no longer driven: forget what was reported.
         self._stuck = {key: steps for key, steps in self._stuck.items() if key in seen}
         return created
+
+    def on_events(self, events: Iterable[dict[str, Any]]) -> int:
+        """Drive, once each, the workflows of these task events (envelopes from the
+        stream), and those whose driving failed for a reason that may pass (the
+        server unreachable or failing); returns how many tasks were created."""
+        events, self._unresolved = [*self._unresolved, *events], []
+        due = dict.fromkeys(self._retry)
+        self._retry = set()
+        for event in events:
+            try:
+                workflow_id = self._workflow_of(event)
+            except (OSError, ApiError) as error:
+                if not _passing(error):
+                    raise
+                self._unresolved.append(event)
+                continue
+            if workflow_id is not None:
+                due[workflow_id] = None
+        created = 0
+        for workflow_id in due:
+            try:
+                workflow = self._open_workflow(workflow_id)
+            except (OSError, ApiError) as error:
+                if not _passing(error):
+                    raise
+                self._retry.add(workflow_id)
+                continue
+            if workflow is not None:
+                done = self._drive_one(workflow, workflow["metadata"]["orchestrator"])
+                if done is None:
+                    self._retry.add(workflow_id)
+                created += done or 0
+        return created
+
+    def _drive_one(self, workflow: dict[str, Any], state: dict[str, Any]) -> int | None:
+        """``drive``, its errors logged; None if driving it again may work."""
+        try:
+            return self.drive(workflow, state)
+        except (ApiError, DefinitionError, OSError) as error:
+            log.error("workflow %s: %s", workflow["id"], error)
+            return None if _passing(error) else 0
+        except Exception:
+            # One malformed workflow (its metadata edited by hand, say) must not
+            # stop the others from being driven.
+            log.exception("workflow %s: cannot drive it", workflow["id"])
+            return 0
+
+    def _workflow_of(self, event: dict[str, Any]) -> str | None:
+        """The workflow of an event's task: known, or known by its trace, or asked
+        for (once per task, or per trace when it has one)."""
+        task_id, trace = event["payload"].get("task_id"), event.get("trace_id")
+        if task_id in self._task_workflows:
+            return self._task_workflows[task_id]
+        if trace is not None and trace in self._trace_workflows:
+            return self._trace_workflows[trace]
+        if task_id is None:
+            return None
+        try:
+            workflow_id = self.client.get(f"/api/v1/tasks/{task_id}")["workflow_id"]
+        except ApiError as error:
+            if error.status != 404:  # deleted since (retention): nothing to drive
+                raise
+            workflow_id = None
+        if len(self._task_workflows) > MAX_REMEMBERED:
+            self._task_workflows.clear()
+        self._task_workflows[task_id] = workflow_id
+        if trace is not None:
+            self._trace_workflows[trace] = workflow_id
+        return workflow_id
+
+    def _open_workflow(self, workflow_id: str) -> dict[str, Any] | None:
+        """The workflow if it is open and driven here (asked for the first time)."""
+        if workflow_id not in self._workflows:
+            workflow = self.client.get(f"/api/v1/workflows/{workflow_id}")
+            state = (workflow.get("metadata") or {}).get("orchestrator")
+            self._workflows[workflow_id] = None
+            if workflow["open"] and isinstance(state, dict):
+                self._remember(workflow, ())
+        return self._workflows[workflow_id]
+
+    def _remember(self, workflow: dict[str, Any], task_ids: Iterable[str]) -> None:
+        """A workflow driven here, and some of its tasks."""
+        self._workflows[workflow["id"]] = workflow
+        if workflow.get("trace_id"):
+            self._trace_workflows[workflow["trace_id"]] = workflow["id"]
+        for task_id in task_ids:
+            self._task_workflows[str(task_id)] = workflow["id"]
+
+    def _forget(self, workflow_id: str) -> None:
+        """A workflow no longer driven (closed or cancelled): its events are ignored."""
+        self._workflows[workflow_id] = None
 
     def _whole(self, item: dict[str, Any], kind: str, field: str) -> dict[str, Any]:
         """A list item with ``field``: a list leaves a large one out (``omitted``)."""
@@ -170,10 +274,12 @@ class Orchestrator:
             self._whole(task, "tasks", "result")
             for task in self.client.pages("/api/v1/tasks", workflow_id=workflow["id"])
         ]
+        self._remember(workflow, (t["id"] for t in tasks))
         next_step = plan(definition, state["run_id"], state["input"], tasks)
         if next_step.cancelled:
             # An operator cancelled one of its tasks: the steps after it can never run.
             self.client.post(f"/api/v1/workflows/{workflow['id']}/cancel")
+            self._forget(workflow["id"])
             log.warning("workflow %s: cancelled with %s", workflow["id"], next_step.cancelled)
             return 0
         for start in range(0, len(next_step.new_tasks), BATCH):
@@ -181,12 +287,14 @@ class Orchestrator:
                 {**task, "workflow_id": workflow["id"], "trace_id": workflow["trace_id"]}
                 for task in next_step.new_tasks[start : start + BATCH]
             ]
-            self.client.post("/api/v1/tasks", batch)
+            created = self.client.post("/api/v1/tasks", batch)
+            self._remember(workflow, (t["id"] for t in created["items"]))
         if next_step.new_tasks:
             log.info("workflow %s: enqueued %d task(s)", workflow["id"], len(next_step.new_tasks))
         self._report_stuck(workflow["id"], tuple(next_step.stuck))
         if next_step.complete:
             self.client.patch(f"/api/v1/workflows/{workflow['id']}", {"open": False})
+            self._forget(workflow["id"])
             log.info("workflow %s: every step enqueued; closed", workflow["id"])
         return len(next_step.new_tasks)
 
@@ -200,3 +308,10 @@ class Orchestrator:
         else:
             log.info("workflow %s: no step is stuck any more", workflow_id)
             del self._stuck[workflow_id]
+
+
+def _passing(error: Exception) -> bool:
+    """Whether an error may pass by itself: the server unreachable, failing or busy."""
+    if isinstance(error, ApiError):
+        return error.status >= 500 or error.status == 429
+    return isinstance(error, OSError)

@@ -17,10 +17,15 @@ from workflows.orchestrator.client import TOKEN_VARIABLE, ApiClient, ApiError
 from workflows.orchestrator.definitions import Definition, DefinitionError, load_all
 from workflows.orchestrator.demo import demo_feed
 from workflows.orchestrator.driver import Orchestrator
+from workflows.orchestrator.follow import UNAVAILABLE, EventStream
 
 logger = logging.getLogger(__name__)
 
 DEMO_DEFINITION = "supplier_onboarding"
+# Following the stream: the longest wait for an event (the loop then looks at its
+# stop signal), and the wait before connecting again while it is unavailable.
+STREAM_WAIT = 1.0
+RECONNECT_SECONDS = 10.0
 
 
 class Command(BaseCommand):
@@ -51,7 +56,17 @@ class Command(BaseCommand):
             metavar="DIR",
             help="more *.json definitions (the built-in ones are always loaded)",
         )
-        parser.add_argument("--poll", type=float, default=1.0, help="seconds between passes")
+        parser.add_argument(
+            "--poll",
+            type=float,
+            default=1.0,
+            help="seconds between passes, when polling (the stream unavailable, or --no-stream)",
+        )
+        parser.add_argument(
+            "--no-stream",
+            action="store_true",
+            help="poll the API instead of following its live stream (/api/v1/stream)",
+        )
         parser.add_argument("--once", action="store_true", help="one pass, then exit")
         parser.add_argument(
             "--demo-every",
@@ -73,6 +88,9 @@ class Command(BaseCommand):
 
     def _run(self, options: dict[str, Any], definitions: dict, stop: StopSignals) -> None:
         orchestrator = Orchestrator(ApiClient(options["api"], options["token"], stop=stop))
+        stream = None
+        if not (options["no_stream"] or options["once"]):
+            stream = EventStream(options["api"], options["token"])
         try:
             if name := options["start"]:
                 if name not in definitions:
@@ -85,9 +103,12 @@ class Command(BaseCommand):
                 if DEMO_DEFINITION not in definitions:
                     raise CommandError(f"--demo-every needs the {DEMO_DEFINITION} definition")
                 demo = (definitions[DEMO_DEFINITION], options["demo_every"])
-            self._loop(orchestrator, stop, options["poll"], options["once"], demo)
+            self._loop(orchestrator, stop, options["poll"], options["once"], demo, stream)
         except ApiError as error:
             raise CommandError(str(error)) from None
+        finally:
+            if stream is not None:
+                stream.close()
 
     def _loop(
         self,
@@ -96,14 +117,24 @@ class Command(BaseCommand):
         poll: float,
         once: bool,
         demo: tuple[Definition, float] | None,
+        stream: EventStream | None = None,
     ) -> None:
+        """Follow ``stream`` when it is given and available; poll every ``poll``
+        seconds otherwise."""
         rng = random.Random()
         next_demo = time.monotonic()
+        follower = _Follower(stream) if stream is not None else None
         while True:
             try:
                 if demo and time.monotonic() >= next_demo:
                     orchestrator.start(demo[0], demo_feed(rng), name="demo supplier feed")
                     next_demo = time.monotonic() + demo[1]
+                if follower is not None and follower.available(orchestrator):
+                    until_demo = next_demo - time.monotonic() if demo else STREAM_WAIT
+                    follower.follow(orchestrator, max(0.0, min(STREAM_WAIT, until_demo)))
+                    if stop.is_set():
+                        return
+                    continue
                 orchestrator.run_once()
             except OSError as error:  # the server stayed unreachable through the retries
                 if once:
@@ -115,6 +146,44 @@ class Command(BaseCommand):
                 logger.warning("the API failed (%s); trying again", error)
             if once or stop.wait(poll):
                 return
+
+
+class _Follower:
+    """The stream, reconnected when it drops: a connect that could not resume makes
+    one polling pass (what changed before it), and while it cannot connect, the loop
+    polls and tries again every ``RECONNECT_SECONDS``."""
+
+    def __init__(self, stream: EventStream) -> None:
+        self.stream = stream
+        self.retry_at = 0.0
+        self.warned = False
+
+    def available(self, orchestrator: Orchestrator) -> bool:
+        if self.stream.socket is not None:
+            return True
+        if time.monotonic() < self.retry_at:
+            return False
+        try:
+            resumed = self.stream.connect()
+        except UNAVAILABLE as error:
+            self.retry_at = time.monotonic() + RECONNECT_SECONDS
+            if not self.warned:
+                logger.warning("the live stream is unavailable (%s); polling", error)
+                self.warned = True
+            return False
+        logger.info("following the live stream %s", self.stream.url)
+        self.warned = False
+        if not resumed:
+            orchestrator.run_once()
+        return True
+
+    def follow(self, orchestrator: Orchestrator, timeout: float) -> None:
+        try:
+            events = self.stream.receive(timeout)
+        except UNAVAILABLE as error:
+            logger.warning("the live stream dropped (%s); reconnecting", error)
+            return
+        orchestrator.on_events(events)
 
 
 def _input(value: str) -> Any:

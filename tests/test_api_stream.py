@@ -1,0 +1,204 @@
+"""``ws://HOST/api/v1/stream`` against a real daphne, with the ``websockets`` client."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from contextlib import ExitStack
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from automechanica.api import stream, stream_hub
+from automechanica.api.models import ApiToken
+from task_queue import event_stream
+from task_queue.models import Task
+from tests.support.api import token
+from tests.support.server import http
+
+pytestmark = pytest.mark.slow
+
+
+def ws_url(server: Any, query: str = "") -> str:
+    return (
+        server.url.replace("http://", "ws://") + "/api/v1/stream" + (f"?{query}" if query else "")
+    )
+
+
+def open_stream(server: Any, secret: str | None, query: str = "") -> ClientConnection:
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    return connect(ws_url(server, query), additional_headers=headers, open_timeout=30)
+
+
+def receive(socket: ClientConnection, count: int) -> list[str]:
+    """The next ``count`` messages (waiting up to 30 s for each)."""
+    return [socket.recv(timeout=30) for _ in range(count)]
+
+
+def exported() -> dict[int, str]:
+    """Every event as ``export_events`` writes its line, by position."""
+    return {e.position: e.to_json().decode() for e in event_stream.next_batch(0, limit=100_000)}
+
+
+def create(server: Any, secret: str, tasks: list[dict[str, Any]]) -> list[str]:
+    status, body = http("POST", server.url + "/api/v1/tasks", secret, tasks)
+    assert status == 201, body
+    return [task["id"] for task in body["items"]]
+
+
+def echo(**extra: Any) -> dict[str, Any]:
+    return {"agent_name": "EchoAgent", "task_type": "echo", **extra}
+
+
+def test_refused_at_the_handshake_without_a_valid_token(live_servers):
+    server = live_servers()
+    revoked = token("read", name="gone")
+    ApiToken.objects.filter(name="gone").update(revoked_at=timezone.now())
+    for secret in (None, "am_not-a-token", revoked):
+        with pytest.raises(InvalidStatus) as refused:
+            open_stream(server, secret)
+        assert refused.value.response.status_code == 403
+    # Not a bearer token at all.
+    with pytest.raises(InvalidStatus) as refused:
+        connect(ws_url(server), additional_headers={"Authorization": "Basic eDp5"})
+    assert refused.value.response.status_code == 403
+
+
+def test_a_token_revoked_while_connected_closes_the_socket(live_servers):
+    server = live_servers()
+    secret = token("read", name="soon revoked")
+    with open_stream(server, secret) as socket:
+        ApiToken.objects.filter(name="soon revoked").update(revoked_at=timezone.now())
+        with pytest.raises(ConnectionClosed) as closed:
+            socket.recv(timeout=30)
+        assert closed.value.rcvd.code == stream_hub.REVOKED
+
+
+def test_a_bad_filter_is_named_and_the_socket_closed(live_servers):
+    server = live_servers()
+    with open_stream(server, token("read"), "after=-1") as socket:
+        message = json.loads(socket.recv(timeout=30))
+        assert message["field"] == "after"
+        with pytest.raises(ConnectionClosed) as closed:
+            socket.recv(timeout=30)
+        assert closed.value.rcvd.code == stream.BAD_FILTER
+
+
+def test_reconnecting_with_after_misses_nothing_and_repeats_nothing(live_servers):
+    """Envelopes exactly as export_events writes them, in position order, across a
+    reconnect halfway and events written while the client was away."""
+    server = live_servers()
+    writer, reader = token("write"), token("read")
+    create(server, writer, [echo(payload={"n": n}) for n in range(5)])
+    with open_stream(server, reader, "after=0") as socket:
+        first = receive(socket, 3)
+    last = json.loads(first[-1])["position"]
+    create(server, writer, [echo(payload={"n": n}) for n in range(5, 10)])
+    with open_stream(server, reader, f"after={last}") as socket:
+        rest = receive(socket, 7)  # 2 from before the reconnect, 5 since
+        create(server, writer, [echo(payload={"n": 10})])  # live, after catching up
+        rest += receive(socket, 1)
+    lines = exported()
+    assert first + rest == [lines[p] for p in sorted(lines)]
+
+
+def test_each_filter_sends_exactly_the_events_it_names(live_servers):
+    with ExitStack() as sockets_open:
+        each_filter(live_servers(), sockets_open)
+
+
+def each_filter(server: Any, sockets_open: ExitStack) -> None:
+    writer, reader = token("write"), token("read")
+    trace = "trace-" + uuid.uuid4().hex
+    start = event_stream.head()
+    status, workflow = http(
+        "POST",
+        server.url + "/api/v1/workflows",
+        writer,
+        {"name": "w", "open": True, "tasks": [echo(payload={"w": 1})]},
+    )
+    assert status == 201, workflow
+    # Live from now (the hub filters), but for the two that resume from ``start``
+    # (catching up filters too).
+    queries = {
+        "trace": f"trace_id={trace}",
+        # Its first task was created with it: read from before.
+        "workflow": f"workflow_id={workflow['id']}&after={start}",
+        "agent": "agent=FitmentAgent",
+        "kind": "kind=evt.task.cancel*",
+        "tasks": None,  # once the tasks exist
+    }
+    sockets = {
+        name: sockets_open.enter_context(open_stream(server, reader, q))
+        for name, q in queries.items()
+        if q
+    }
+    traced = create(server, writer, [echo(trace_id=trace), echo(trace_id=trace)])
+    other = create(
+        server, writer, [{"agent_name": "FitmentAgent", "task_type": "generate_fitment"}]
+    )
+    in_workflow = create(server, writer, [echo(workflow_id=workflow["id"])])
+    query = f"task_id={traced[0]}&task_id={other[0]}&after={start}"
+    sockets["tasks"] = sockets_open.enter_context(open_stream(server, reader, query))
+    for task_id in (traced[1], other[0], in_workflow[0]):
+        status, body = http("POST", f"{server.url}/api/v1/tasks/{task_id}/cancel", writer)
+        assert status == 200, body
+    events = [json.loads(line) for line in exported().values()]
+    events = [e for e in events if e["position"] > start]
+    workflow_tasks = {str(t.id) for t in Task.objects.filter(workflow_id=workflow["id"])}
+    assert len(workflow_tasks) == 2
+    expected = {
+        "trace": [e for e in events if e["trace_id"] == trace],
+        "workflow": [e for e in events if e["payload"].get("task_id") in workflow_tasks],
+        "agent": [e for e in events if e["payload"].get("agent_type") == "FitmentAgent"],
+        "kind": [e for e in events if e["kind"] == "evt.task.cancelled.v1"],
+        "tasks": [e for e in events if e["payload"].get("task_id") in {traced[0], other[0]}],
+    }
+    for name, socket in sockets.items():
+        wanted = expected[name]
+        assert wanted, name
+        got = [json.loads(m) for m in receive(socket, len(wanted))]
+        assert got == wanted, name
+
+
+def test_clients_share_one_listen_per_server_process(live_servers):
+    """Ten clients of one server: the database sees one connection listening on the
+    events channel."""
+    server = live_servers()
+    reader = token("read")
+    with ExitStack() as sockets_open:
+        sockets = [sockets_open.enter_context(open_stream(server, reader)) for _ in range(10)]
+        create(server, token("write"), [echo()])
+        for socket in sockets:
+            assert json.loads(socket.recv(timeout=30))["kind"] == "evt.task.created.v1"
+        assert listeners() == 1
+
+
+def listeners() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN automechanica_events'"
+        )
+        return cursor.fetchone()[0]
+
+
+def test_a_token_bound_to_agents_sees_only_their_messages(live_servers):
+    """As the messaging routes: a token bound to agents reads only their messages;
+    task events are not bound."""
+    server = live_servers()
+    writer = token("write", name="sender")
+    start = event_stream.head()
+    for sender in ("SEOAgent", "PricingAgent"):
+        message = {"from_agent": sender, "to_agent": "FitmentAgent", "message_type": "notification"}
+        status, body = http("POST", server.url + "/api/v1/messages", writer, message)
+        assert status == 201, body
+    (task_id,) = create(server, writer, [echo()])
+    bound = token("read", name="pricing", agents=("PricingAgent",))
+    with open_stream(server, bound, f"after={start}") as socket:
+        first, second = (json.loads(m) for m in receive(socket, 2))
+    assert first["payload"]["from_agent"] == "PricingAgent"
+    assert second["payload"]["task_id"] == task_id
