@@ -1,6 +1,7 @@
 """Tasks, the workflows that group them, and each task's history."""
 
 import uuid
+from typing import Any
 
 from django.contrib.postgres.functions import RandomUUID
 from django.db import models
@@ -74,6 +75,14 @@ class Workflow(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # A workflow is one trace, which its tasks join (task_queue.sql.enqueue). Given
+        # none, it starts its own, named by its id as 32 hex digits (a W3C trace-id),
+        # as a task that starts a trace is.
+        if self.trace_id is None:
+            self.trace_id = uuid.UUID(str(self.id)).hex
+        super().save(*args, **kwargs)
 
 
 class Task(models.Model):
