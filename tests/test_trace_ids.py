@@ -4,6 +4,7 @@ task, filterable in the API and shown on the task page."""
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import pytest
@@ -134,3 +135,42 @@ def test_a_trace_named_by_the_sender_or_no_task_leaves_metadata_as_given():
     assert metadata[outside] == {}
     assert metadata[inside] == {"k": 1, "trace_id": "tr-task"}
     assert metadata[named] == {"trace_id": "tr-own"}
+
+
+@pytest.mark.django_db
+def test_the_task_page_shows_the_trace_and_links_to_everything_in_it():
+    from agents_app import messaging, pubsub
+    from task_queue.task_logging import TaskRef, about_task
+    from tests.support.users import staff
+
+    workflow = Workflow.objects.create(name="onboarding")
+    first, second = operations.enqueue_many(
+        [TaskSpec("EchoAgent", "echo", workflow_id=workflow.id)] * 2
+    )
+    elsewhere = operations.enqueue("EchoAgent", "echo").id
+    with about_task(TaskRef(second.id, workflow.trace_id, "EchoAgent")):
+        message = messaging.send("EchoAgent", "Announcer", "notification")
+        publication, _ = pubsub.publish("EchoAgent", "echoed")
+    messaging.send("EchoAgent", "Announcer", "notification")  # in no trace
+
+    page = staff().get(f"/tasks/{first.id}/").content.decode()
+    section = page[page.index('<section id="trace"') :]
+    section = section[: section.index("</section>")]
+    assert f'data-trace="{workflow.id.hex}"' in section
+    assert f'data-trace-workflow="{workflow.id}"' in section
+    assert f'href="/workflows/{workflow.id}/"' in section
+    assert f'href="/tasks/{second.id}/"' in section and "(this task)" in section
+    assert str(elsewhere) not in section
+    assert f"trace_id={workflow.id.hex}" in section  # the API's listing and stream
+    assert [int(n) for n in re.findall(r'data-trace-publication="(\d+)"', section)] == [publication]
+    assert re.findall(r'data-trace-message="([^"]+)"', section) == [str(message)]
+
+
+@pytest.mark.django_db
+def test_the_page_of_a_task_from_before_traces_says_so():
+    from tests.support.users import staff
+
+    task_id = operations.enqueue("EchoAgent", "echo").id
+    Task.objects.filter(id=task_id).update(trace_id=None)
+    page = staff().get(f"/tasks/{task_id}/").content.decode()
+    assert "enqueued before every task had a trace" in page

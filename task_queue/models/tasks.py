@@ -71,6 +71,8 @@ class Workflow(models.Model):
                 condition=models.Q(metadata_ref__isnull=False),
                 name="workflows_metadata_ref_idx",
             ),
+            # The workflows of a trace (the task page).
+            models.Index(fields=["trace_id"], name="workflows_trace_idx"),
         ]
 
     def __str__(self) -> str:
@@ -199,6 +201,9 @@ class Task(models.Model):
             ),
             # Lists newest first (the API, the admin) without sorting the whole table.
             models.Index(fields=["created_at", "id"], name="tasks_created_idx"),
+            # The tasks of a trace (GET /tasks?trace_id=, the task page). A trace a
+            # task starts is its time-ordered id, so new entries land at the index's end.
+            models.Index(fields=["trace_id", "created_at"], name="tasks_trace_idx"),
             # The blob collector's reference checks: only rows that hold a blob.
             models.Index(
                 fields=["payload_ref"],
