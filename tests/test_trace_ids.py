@@ -174,3 +174,31 @@ def test_the_page_of_a_task_from_before_traces_says_so():
     Task.objects.filter(id=task_id).update(trace_id=None)
     page = staff().get(f"/tasks/{task_id}/").content.decode()
     assert "enqueued before every task had a trace" in page
+
+
+@pytest.mark.django_db
+def test_a_relay_command_and_a_schedule_get_one():
+    import json
+    from datetime import timedelta
+
+    from task_queue import schedule_firing, schedules
+    from task_queue.relay.commands import execute_command
+
+    workflow = Workflow.objects.create(name="commanded")
+    body = {"schema_version": "v1", "message_id": "m-1", "kind": "cmd.task.execute.v1",
+            "payload": {"target_agent_type": "EchoAgent", "task_type": "echo"}}  # fmt: skip
+    alone = execute_command(json.dumps(body).encode())
+    body["message_id"], body["payload"]["workflow_id"] = "m-2", str(workflow.id)
+    joined = execute_command(json.dumps(body).encode())
+    # The relay's log lines about the command's task carry the trace it was given.
+    assert alone.trace_id == Task.objects.get(id=alone.id).trace_id == alone.id.hex
+    assert joined.trace_id == Task.objects.get(id=joined.id).trace_id == workflow.trace_id
+
+    schedule = schedules.create(
+        {"name": "tick", "agent_name": "EchoAgent", "task_type": "echo", "interval_seconds": 60},
+        actor="user:tester",
+        source="api",
+    )
+    assert schedule_firing.fire_due(now=schedule.next_run_at + timedelta(seconds=1)) == 1
+    fired = Task.objects.get(idempotency_key__startswith="schedule:tick:")
+    assert fired.trace_id == fired.id.hex
