@@ -30,7 +30,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from agents_app.sql import messages as messages_sql
-from task_queue import audit, blobs, listen
+from task_queue import audit, blobs, listen, task_logging
 from task_queue.models import OperatorAction
 from task_queue.storable import storable_json, text_problem
 
@@ -97,7 +97,7 @@ def send(
     check_lifetime("expires_in", expires_in)
     check_metadata(metadata)
     payload_text = as_json("payload", {} if payload is None else payload)
-    metadata_text = as_json("metadata", metadata or {})
+    metadata_text = as_json("metadata", traced(metadata) or {})
     with transaction.atomic():  # the blobs' locks last until the row commits
         payload_json, payload_ref = blobs.offload(payload_text)
         metadata_json, metadata_ref = blobs.offload(metadata_text)
@@ -114,6 +114,16 @@ def send(
             metadata_ref=metadata_ref,
             expires_in=float(expires_in),
         )
+
+
+def traced(metadata: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``metadata`` with the trace of the task being run, when sent from inside one
+    (a handler on a worker) and ``metadata`` names no trace of its own. The event
+    stream's envelope takes its ``trace_id`` from there."""
+    trace_id = task_logging.current_trace_id()
+    if trace_id is None or (isinstance(metadata, dict) and "trace_id" in metadata):
+        return metadata
+    return {**(metadata or {}), "trace_id": trace_id}
 
 
 def reply(to: Message, from_agent: str, payload: Any = None, **options: Any) -> UUID:

@@ -14,6 +14,7 @@ import uuid
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.functions import RandomUUID
 from django.db import models
+from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Now
 from pgvector.django import HnswIndex, VectorField
 
@@ -248,6 +249,12 @@ class AgentMessage(models.Model):
                 name="agent_messages_end_expiry_idx",
             ),
             models.Index(fields=["to_agent", "-created_at"], name="agent_messages_listing_idx"),
+            # The messages of a trace (the task page): those that carry one.
+            models.Index(
+                KeyTransform("trace_id", "metadata"),
+                condition=models.Q(metadata__has_key="trace_id"),
+                name="agent_messages_trace_idx",
+            ),
             # The failed ones, newest first (/messages/, GET /api/v1/messages?status=failed).
             models.Index(
                 fields=["-created_at"],
@@ -291,6 +298,12 @@ class Publication(models.Model):
                 fields=["metadata_ref"],
                 condition=models.Q(metadata_ref__isnull=False),
                 name="agent_pubs_meta_ref_idx",
+            ),
+            # The publications of a trace (the task page): those that carry one.
+            models.Index(
+                KeyTransform("trace_id", "metadata"),
+                condition=models.Q(metadata__has_key="trace_id"),
+                name="agent_pubs_trace_idx",
             ),
         ]
 

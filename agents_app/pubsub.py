@@ -41,6 +41,7 @@ from .messaging import (
     check_receive,
     check_text,
     record_revive,
+    traced,
     wait_for_some,
 )
 from .models import PublicationDelivery, Subscription
@@ -91,7 +92,7 @@ def publish(
     check_lifetime("ttl", ttl)
     check_metadata(metadata)
     payload_text = as_json("payload", {} if payload is None else payload)
-    metadata_text = as_json("metadata", metadata or {})
+    metadata_text = as_json("metadata", traced(metadata) or {})
     with transaction.atomic():  # the blobs' locks last until the row commits
         payload_json, payload_ref = blobs.offload(payload_text)
         metadata_json, metadata_ref = blobs.offload(metadata_text)

@@ -52,6 +52,13 @@ def leave(token: Token) -> None:
     _current.reset(token)
 
 
+def current_trace_id() -> str | None:
+    """The trace of the task this thread works on (inside :func:`enter`), if any: what
+    an agent sends while it runs a task carries it (``agents_app.messaging``)."""
+    context = _current.get()
+    return None if context is None else context[0].trace_id
+
+
 @contextmanager
 def about_task(task: Any, worker: str | None = None) -> Iterator[None]:
     """:func:`enter` and :func:`leave` around a block."""

@@ -61,7 +61,9 @@ def test_a_workers_json_lines_carry_each_tasks_fields():
         assert all(task_id in message for message in messages)
         for line in task_lines:
             assert line["agent"] == "EchoAgent" and line["worker"] == worker
-            assert line["trace_id"] == (None if task_id == str(retried) else trace)
+            # Given none, the retried task's trace is the one it started (its id, hex).
+            own = uuid.UUID(task_id).hex
+            assert line["trace_id"] == (own if task_id == str(retried) else trace)
             assert line["attempt"] == (2 if task_id == str(retried) else 1)
         assert messages[0].endswith("started: echo")
     assert "completed" in about[str(ok[0])][-1]["message"]

@@ -49,7 +49,7 @@ def filter_tasks(tasks: QuerySet, filters: TaskFilters) -> QuerySet:
     conditions = Q()
     if filters.status:
         conditions &= Q(status__in=filters.status)
-    for name in ("agent_name", "task_type", "workflow_id", "priority"):
+    for name in ("agent_name", "task_type", "workflow_id", "trace_id", "priority"):
         if (value := getattr(filters, name)) is not None:
             conditions &= Q(**{name: value})
     for name, lookup in (

@@ -214,6 +214,7 @@ class TaskFilters(Schema):
     agent_name: Text | None = None
     task_type: Text | None = None
     workflow_id: UUID | None = None
+    trace_id: Text | None = Field(None, description="The tasks of one trace.")
     priority: Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)] | None = None
     created_after: Moment | None = None
     created_before: Moment | None = None

@@ -33,6 +33,7 @@ from . import fragments
 from .deadletter import DeadLetterFilter
 from .limits import LIMIT_PERMISSION
 from .overview import take_snapshot
+from .traces import trace_context
 
 PAGE_SIZE = 50
 # Which permission each action needs.
@@ -229,6 +230,7 @@ def task_detail(request: HttpRequest, task_id: UUID) -> HttpResponse:
     if task is None:
         return render(request, "dashboard/not_found.html", {"what": "task"}, status=404)
     context = fragments.task_context(task, request.user)
+    context.update(trace_context(task))
     context["similar"] = similar_events(
         task_text(task), agent=task.agent_name, k=SIMILAR_TASKS, exclude_task=task.id
     )

@@ -1,6 +1,7 @@
 """Tasks, the workflows that group them, and each task's history."""
 
 import uuid
+from typing import Any
 
 from django.contrib.postgres.functions import RandomUUID
 from django.db import models
@@ -70,10 +71,20 @@ class Workflow(models.Model):
                 condition=models.Q(metadata_ref__isnull=False),
                 name="workflows_metadata_ref_idx",
             ),
+            # The workflows of a trace (the task page).
+            models.Index(fields=["trace_id"], name="workflows_trace_idx"),
         ]
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # A workflow is one trace, which its tasks join (task_queue.sql.enqueue). Given
+        # none, it starts its own, named by its id as 32 hex digits (a W3C trace-id),
+        # as a task that starts a trace is.
+        if self.trace_id is None:
+            self.trace_id = uuid.UUID(str(self.id)).hex
+        super().save(*args, **kwargs)
 
 
 class Task(models.Model):
@@ -190,6 +201,9 @@ class Task(models.Model):
             ),
             # Lists newest first (the API, the admin) without sorting the whole table.
             models.Index(fields=["created_at", "id"], name="tasks_created_idx"),
+            # The tasks of a trace (GET /tasks?trace_id=, the task page). A trace a
+            # task starts is its time-ordered id, so new entries land at the index's end.
+            models.Index(fields=["trace_id", "created_at"], name="tasks_trace_idx"),
             # The blob collector's reference checks: only rows that hold a blob.
             models.Index(
                 fields=["payload_ref"],

@@ -24,6 +24,7 @@ from typing import Any
 
 from django.conf import settings
 
+from task_queue.models import Task
 from task_queue.operations import (
     MAX_KEY_LENGTH,
     IdempotencyConflict,
@@ -117,7 +118,9 @@ def execute_command(body: bytes) -> CommandTask:
         raise InvalidCommand(
             f"message_id: {message_id!r} was already executed with different content"
         ) from None
-    return CommandTask(task.id, task.created, spec.agent_name, spec.trace_id)
+    # Given no trace, the task was given one (its workflow's or its own, in SQL).
+    trace_id = spec.trace_id or Task.objects.values_list("trace_id", flat=True).get(id=task.id)
+    return CommandTask(task.id, task.created, spec.agent_name, trace_id)
 
 
 def _workflow_id(value: Any) -> uuid.UUID | None:

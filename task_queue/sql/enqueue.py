@@ -35,6 +35,10 @@ COPY_ENQUEUE_INPUT = f"COPY enqueue_input ({', '.join(INPUT_COLUMNS)}) FROM STDI
 
 # In input order, so created_at (the clock at each row) keeps the order of the batch.
 # A task whose idempotency key exists already is skipped (enqueue_tasks finds it).
+# Every task gets a trace id (docs/queue.md, "Trace ids"): the caller's; else its
+# workflow's (the workflow's id, as hex, for a workflow written without one); else a
+# new trace rooted at the task, its own id as 32 hex digits (a W3C trace-id). The
+# workflow is looked up only for a task with a workflow and no trace of its own.
 INSERT_STAGED_TASKS = f"""
 WITH input AS (DELETE FROM enqueue_input RETURNING *)
 INSERT INTO tasks (id, workflow_id, agent_name, task_type, payload, payload_ref, priority,
@@ -42,7 +46,16 @@ INSERT INTO tasks (id, workflow_id, agent_name, task_type, payload, payload_ref,
                    trace_id, created_at, updated_at)
 SELECT id, workflow_id, agent_name, task_type, payload, payload_ref, priority, max_attempts,
        COALESCE(available_at, {NOW} + make_interval(secs => COALESCE(delay_seconds, 0))),
-       idempotency_key, idempotency_fingerprint, trace_id, clock_timestamp(), {NOW}
+       idempotency_key, idempotency_fingerprint,
+       COALESCE(
+           trace_id,
+           CASE WHEN workflow_id IS NOT NULL THEN (
+               SELECT COALESCE(w.trace_id, replace(w.id::text, '-', ''))
+               FROM workflows w WHERE w.id = input.workflow_id
+           ) END,
+           replace(id::text, '-', '')
+       ),
+       clock_timestamp(), {NOW}
 FROM input
 ORDER BY ord
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING

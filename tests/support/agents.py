@@ -114,3 +114,19 @@ class OnCueAgent(Agent):
         if task.payload.get("block"):
             time.sleep(60)
         raise RuntimeError("failed after its cancel was requested")
+
+
+@register
+class AnnouncerAgent(Agent):
+    """Sends a message to EchoAgent and publishes ``announced``: what it sends while it
+    runs a task carries the task's trace (agents_app.messaging.traced)."""
+
+    name = "Announcer"
+    task_types = ("announce",)
+
+    def handle(self, task: TaskContext) -> dict[str, Any]:
+        from agents_app import messaging, pubsub
+
+        messaging.send(self.name, "EchoAgent", "notification", {"task": str(task.id)})
+        pubsub.publish(self.name, "announced", {"task": str(task.id)})
+        return {}

@@ -113,11 +113,8 @@ def create_workflow(request: HttpRequest, body: WorkflowCreate):
             trace_id=body.trace_id,
         )
         specs = [
-            operations.TaskSpec(
-                **task.model_dump(exclude={"trace_id"}),
-                trace_id=task.trace_id or body.trace_id,
-                workflow_id=workflow.id,
-            )
+            # A task without a trace of its own joins the workflow's (enqueue_many).
+            operations.TaskSpec(**task.model_dump(), workflow_id=workflow.id)
             for task in body.tasks
         ]
         results = operations.enqueue_many(specs, prefix="tasks")
