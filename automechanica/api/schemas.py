@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from uuid import UUID
 
 from ninja import Schema
@@ -54,7 +54,12 @@ def _in_utc(value: datetime) -> datetime:
 
 Moment = Annotated[AwareDatetime, AfterValidator(_in_utc)]
 Text = Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH), AfterValidator(storable_text)]
-SearchText = Annotated[str, Field(max_length=1000), AfterValidator(storable_text)]
+# The query parameters of one GET must fit daphne's 16 KiB request head even when every
+# character is 4-byte UTF-8, sent as 12 bytes (%XX%XX%XX%XX): a longer request line is
+# refused with a bare 400 and a closed connection. tests/test_api_url_limits.py adds up
+# every operation's longest valid URL from the OpenAPI schema.
+SearchText = Annotated[str, Field(max_length=400), AfterValidator(storable_text)]
+Cursor = Annotated[str, Field(max_length=200, description="A next_cursor this API returned.")]
 TaskStatusName = Literal["pending", "leased", "running", "completed", "failed", "dead", "cancelled"]
 WorkflowStatusName = Literal["pending", "running", "completed", "needs_attention", "cancelled"]
 Seconds = Annotated[float, Field(ge=0, le=MAX_DELAY_SECONDS, allow_inf_nan=False)]
@@ -210,7 +215,7 @@ class ReviveRequest(StrictSchema):
 class TaskFilters(Schema):
     """The filters of ``GET /tasks``, ``GET /dead-letter`` and bulk revive."""
 
-    status: list[TaskStatusName] | None = None
+    status: list[TaskStatusName] | None = Field(None, max_length=len(get_args(TaskStatusName)))
     agent_name: Text | None = None
     task_type: Text | None = None
     workflow_id: UUID | None = None

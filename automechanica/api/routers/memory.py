@@ -14,7 +14,7 @@ from task_queue.models import Task
 
 from ..auth import READ
 from ..errors import ERROR_RESPONSES, ApiError
-from ..schemas import SimilarEventOut
+from ..schemas import SimilarEventOut, Text
 
 router = Router(tags=["agent memory"])
 
@@ -24,8 +24,8 @@ K = Annotated[int, Field(ge=1, le=50, description="How many neighbours (1–50).
 @router.get("/memory/similar", auth=READ, response={200: list[SimilarEventOut], **ERROR_RESPONSES})
 def similar(
     request: HttpRequest,
-    text: Annotated[str, Query(min_length=1, max_length=10_000)],
-    agent: str | None = None,
+    text: Annotated[str, Query(min_length=1, max_length=1000)],
+    agent: Text | None = None,
     k: K = 5,
 ):
     """The embedded agent events nearest to ``text`` (cosine distance), nearest first,

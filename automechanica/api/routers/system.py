@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from django.conf import settings
 from django.http import HttpRequest
 from django.utils import timezone
-from ninja import Router
+from ninja import Path, Router
 
 from task_queue import limits, registry
 from task_queue.agent import Agent
 from task_queue.models import TaskStatus, Worker
+from task_queue.operations import MAX_KEY_LENGTH
 from task_queue.sql import reading
 from task_queue.stats import queue_stats
 
@@ -32,7 +33,11 @@ def list_agents(request: HttpRequest):
 
 
 @router.patch("/agents/{name}", auth=ADMIN, response={200: AgentOut, **ERROR_RESPONSES})
-def update_agent(request: HttpRequest, name: str, body: AgentLimitsUpdate):
+def update_agent(
+    request: HttpRequest,
+    name: Annotated[str, Path(max_length=MAX_KEY_LENGTH)],
+    body: AgentLimitsUpdate,
+):
     """Set an agent's cluster-wide limits: ``concurrency_limit`` and ``rate_limit``
     (``{"count", "period_seconds"}``); null clears one, a field left out stays."""
     changes = body.model_dump(exclude_unset=True)

@@ -22,6 +22,7 @@ from ..schemas import (
     BulkReviveOut,
     BulkReviveRequest,
     CancelOut,
+    Cursor,
     ReviveRequest,
     TaskBatchOut,
     TaskCreate,
@@ -89,7 +90,7 @@ def create_tasks(request: HttpRequest, body: Body[TaskCreateBody]):
 def list_tasks(
     request: HttpRequest,
     filters: Query[TaskFilters],
-    cursor: str | None = None,
+    cursor: Cursor | None = None,
     limit: Limit = DEFAULT_PAGE_SIZE,
 ):
     """Newest first. Follow ``next_cursor`` for the next page. A large payload or
@@ -101,7 +102,7 @@ def list_tasks(
 def dead_letter(
     request: HttpRequest,
     filters: Query[TaskFilters],
-    cursor: str | None = None,
+    cursor: Cursor | None = None,
     limit: Limit = DEFAULT_PAGE_SIZE,
 ):
     """Dead (attempts exhausted) and failed (non-retryable) tasks, newest first."""

@@ -21,6 +21,7 @@ from ..errors import ERROR_RESPONSES, ApiError
 from ..listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, lean, page, shown
 from ..openapi import links
 from ..schemas import (
+    Cursor,
     WorkflowCancelOut,
     WorkflowCreate,
     WorkflowCreatedOut,
@@ -127,7 +128,7 @@ def list_workflows(
     request: HttpRequest,
     status: WorkflowStatusName | None = None,
     open: bool | None = None,
-    cursor: str | None = None,
+    cursor: Cursor | None = None,
     limit: Limit = DEFAULT_PAGE_SIZE,
 ):
     """Newest first, with each workflow's status and task counts. Large metadata is
