@@ -19,7 +19,7 @@ class Migration(migrations.Migration):
     operations = [
         AddIndexConcurrently(
             model_name="task",
-            index=models.Index(fields=["trace_id", "created_at"], name="tasks_trace_idx"),
+            index=models.Index(fields=["trace_id"], name="tasks_trace_idx"),
         ),
         AddIndexConcurrently(
             model_name="workflow",
