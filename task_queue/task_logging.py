@@ -27,11 +27,13 @@ FIELDS = ("task_id", "trace_id", "agent", "worker", "attempt")
 
 class TaskRef(NamedTuple):
     """A task known by its fields, in a process that runs no attempt of it (the relay,
-    the embedder): its lines' ``attempt`` is null."""
+    the embedder, the orchestrator): its lines' ``attempt`` is null unless the
+    attempts already counted are known (an event names its attempt)."""
 
-    id: UUID
+    id: UUID | str
     trace_id: str | None
-    agent_name: str
+    agent_name: str | None
+    attempts: int | None = None
 
 
 # (the task: a ClaimedTask, a TaskRef or anything with their fields; the worker)
@@ -43,9 +45,9 @@ def enter(task: Any, worker: str | None = None) -> Token:
 
     ``task`` has ``id``, ``trace_id`` and ``agent_name``; ``attempts`` (the attempts
     already counted, as a ``ClaimedTask`` has) makes the line's ``attempt`` count
-    from 1, as the event stream's ``attempt`` does.
+    from 1, as the event stream's ``attempt`` does. None: lines about no task.
     """
-    return _current.set((task, worker))
+    return _current.set(None if task is None else (task, worker))
 
 
 def leave(token: Token) -> None:

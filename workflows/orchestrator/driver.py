@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from task_queue import task_logging
+
 from .client import ApiClient, ApiError
 from .definitions import Definition, DefinitionError, Step, parse, render
 
@@ -176,33 +178,41 @@ class Orchestrator:
         stream), and those whose driving failed for a reason that may pass (the
         server unreachable or failing); returns how many tasks were created."""
         events, self._unresolved = [*self._unresolved, *events], []
-        due = dict.fromkeys(self._retry)
+        # Each workflow to drive, with the event that made it due (None: a retry).
+        due: dict[str, dict[str, Any] | None] = dict.fromkeys(self._retry)
         self._retry = set()
         for event in events:
             try:
-                workflow_id = self._workflow_of(event)
+                with task_logging.about_task(_task_of(event)):
+                    workflow_id = self._workflow_of(event)
             except (OSError, ApiError) as error:
                 if not _passing(error):
                     raise
                 self._unresolved.append(event)
                 continue
             if workflow_id is not None:
-                due[workflow_id] = None
+                due[workflow_id] = event
         created = 0
-        for workflow_id in due:
-            try:
-                workflow = self._open_workflow(workflow_id)
-            except (OSError, ApiError) as error:
-                if not _passing(error):
-                    raise
-                self._retry.add(workflow_id)
-                continue
-            if workflow is not None:
-                done = self._drive_one(workflow, workflow["metadata"]["orchestrator"])
-                if done is None:
-                    self._retry.add(workflow_id)
-                created += done or 0
+        for workflow_id, event in due.items():
+            # The lines about driving it name the task whose event made it due.
+            with task_logging.about_task(_task_of(event) if event else None):
+                created += self._drive_due(workflow_id)
         return created
+
+    def _drive_due(self, workflow_id: str) -> int:
+        try:
+            workflow = self._open_workflow(workflow_id)
+        except (OSError, ApiError) as error:
+            if not _passing(error):
+                raise
+            self._retry.add(workflow_id)
+            return 0
+        if workflow is None:
+            return 0
+        done = self._drive_one(workflow, workflow["metadata"]["orchestrator"])
+        if done is None:
+            self._retry.add(workflow_id)
+        return done or 0
 
     def _drive_one(self, workflow: dict[str, Any], state: dict[str, Any]) -> int | None:
         """``drive``, its errors logged; None if driving it again may work."""
@@ -308,6 +318,20 @@ class Orchestrator:
         else:
             log.info("workflow %s: no step is stuck any more", workflow_id)
             del self._stuck[workflow_id]
+
+
+def _task_of(event: dict[str, Any]) -> task_logging.TaskRef | None:
+    """The task an event is about, for the log lines' fields (``LOG_FORMAT=json``)."""
+    payload = event.get("payload") or {}
+    if payload.get("task_id") is None:
+        return None
+    attempt = payload.get("attempt")
+    return task_logging.TaskRef(
+        payload["task_id"],
+        event.get("trace_id"),
+        payload.get("agent_type"),
+        attempt - 1 if isinstance(attempt, int) else None,
+    )
 
 
 def _passing(error: Exception) -> bool:
