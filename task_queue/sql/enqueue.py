@@ -35,12 +35,12 @@ COPY_ENQUEUE_INPUT = f"COPY enqueue_input ({', '.join(INPUT_COLUMNS)}) FROM STDI
 
 # In input order, so created_at (the clock at each row) keeps the order of the batch.
 # A task whose idempotency key exists already is skipped (enqueue_tasks finds it).
-# Every task gets a trace id (docs/queue.md, "Trace ids"): the caller's; else the
-# request's (its traceparent header's, the same for the batch); else its workflow's
-# (the workflow's id, as hex, for a workflow written without one); else a new trace
-# rooted at the task, its own id as 32 hex digits (a W3C trace-id). The workflow is
-# looked up only for a task with a workflow and no trace of its own. The batch's
-# traceparent is the span that enqueued it (task_queue.tracing), or null.
+# Every task gets a trace id (docs/queue.md, "Trace ids"): the caller's; else its
+# workflow's (the workflow's id, as hex, for a workflow written without one); else the
+# request's (its traceparent header's, one for the batch); else a new trace rooted at
+# the task, its own id as 32 hex digits (a W3C trace-id). The workflow is looked up
+# only for a task with a workflow and no trace of its own. The batch's traceparent is
+# the span that enqueued it (task_queue.tracing), or null.
 INSERT_STAGED_TASKS = f"""
 WITH input AS (DELETE FROM enqueue_input RETURNING *)
 INSERT INTO tasks (id, workflow_id, agent_name, task_type, payload, payload_ref, priority,
@@ -51,11 +51,11 @@ SELECT id, workflow_id, agent_name, task_type, payload, payload_ref, priority, m
        idempotency_key, idempotency_fingerprint,
        COALESCE(
            trace_id,
-           %(trace_id)s::text,
            CASE WHEN workflow_id IS NOT NULL THEN (
                SELECT COALESCE(w.trace_id, replace(w.id::text, '-', ''))
                FROM workflows w WHERE w.id = input.workflow_id
            ) END,
+           %(trace_id)s::text,
            replace(id::text, '-', '')
        ),
        %(traceparent)s::text, clock_timestamp(), {NOW}
