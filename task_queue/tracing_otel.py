@@ -13,16 +13,17 @@ the enqueue span, if there was one.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -106,6 +107,24 @@ def provider_from_environment() -> Any:
     return provider
 
 
+Hook = TypeVar("Hook", bound=Callable[..., Any])
+
+
+def _guarded(hook: Hook) -> Hook:
+    """A hook that fails logs why and returns None: tracing never stops a worker or
+    its handler threads."""
+
+    @functools.wraps(hook)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return hook(*args, **kwargs)
+        except Exception:
+            logger.exception("the tracing hook %s failed", hook.__name__)
+            return None
+
+    return guarded  # type: ignore[return-value]
+
+
 class OtelTracing(NoTracing):
     """Spans: ``enqueue`` (producer), and per task ``claim AGENT`` and ``process AGENT``
     (consumer), with the messaging attributes and the task's own."""
@@ -136,6 +155,7 @@ class OtelTracing(NoTracing):
     def claim_began(self) -> int:
         return time.time_ns()
 
+    @_guarded
     def claimed(self, tasks: list[ClaimedTask], began: int, worker: str) -> None:
         """One span per task, over the claim statement that leased it (one statement
         leases the batch): the gap before it in the trace is the task's wait."""
@@ -151,6 +171,7 @@ class OtelTracing(NoTracing):
                 start_time=began,
             ).end(end_time=ended)
 
+    @_guarded
     def task_started(self, task: ClaimedTask, worker: str) -> tuple[Span, object]:
         """The ``process`` span, current on the handler's thread while it runs (so
         the agent's own spans, and what it enqueues, are its children)."""
@@ -164,9 +185,12 @@ class OtelTracing(NoTracing):
         )
         return span, otel_context.attach(trace.set_span_in_context(span))
 
+    @_guarded
     def task_ended(
         self, started: Any, outcome: Outcome | None, stop_reason: StopReason | None
     ) -> None:
+        if started is None:  # task_started failed
+            return
         span, token = started
         try:
             if outcome is not None:
@@ -187,7 +211,7 @@ def _parent_of(task: ClaimedTask) -> tuple[Any, list[Link]]:
     enqueued = parse_traceparent(task.traceparent)
     if enqueued is not None and int(enqueued.trace_id, 16) == trace_id:
         return trace.set_span_in_context(NonRecordingSpan(_context_of(enqueued))), []
-    flags = TraceFlags.SAMPLED if enqueued is None else TraceFlags(int(enqueued.flags, 16))
+    flags = TraceFlags(TraceFlags.SAMPLED if enqueued is None else int(enqueued.flags, 16))
     root = SpanContext(trace_id, stand_in_root(trace_id), is_remote=True, trace_flags=flags)
     links = [] if enqueued is None else [Link(_context_of(enqueued))]
     return trace.set_span_in_context(NonRecordingSpan(root)), links

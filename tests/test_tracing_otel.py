@@ -43,6 +43,7 @@ def spans():
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     assert tracing.setup(provider)
+    exporter.provider = provider
     yield exporter
     tracing.disable()
     provider.shutdown()
@@ -119,10 +120,22 @@ def test_tasks_whose_trace_no_enqueue_span_is_in_link_to_it(spans):
     """Without a traceparent the enqueue span starts a trace of its own, while each
     task's trace is its id (or its workflow's): their spans share a stand-in root in
     the task's trace and link to the enqueue span. A trace id that is not 32 hex
-    digits is hashed into one."""
+    digits is hashed into one. A task enqueued with tracing off has no link."""
+    tracing.disable()
+    untraced = operations.enqueue("EchoAgent", "echo").id
+    tracing.setup(spans.provider)
     alone = operations.enqueue("EchoAgent", "echo").id
     named_trace = operations.enqueue("EchoAgent", "echo", trace_id="wf-run-1").id
     run_worker()
+
+    [process] = [
+        span
+        for span in named(spans, "process")
+        if span.attributes["automechanica.task.id"] == str(untraced)
+    ]
+    assert process.context.trace_id == uuid.UUID(str(untraced)).int
+    assert process.parent.span_id == stand_in_root(process.context.trace_id)
+    assert process.links == ()
 
     [first, second] = named(spans, "enqueue")
     for task_id, enqueue, trace in (
