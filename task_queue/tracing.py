@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
@@ -139,13 +140,22 @@ def configured(environ: dict[str, str] | os._Environ = os.environ) -> bool:
     return any(environ.get(name, "").strip() for name in _EXPORTER_SETTINGS)
 
 
+def provider_installed() -> bool:
+    """Whether this process's own code installed a TracerProvider before the apps
+    loaded (``opentelemetry-instrument``, a deployment's settings): looked up only if
+    OpenTelemetry is imported already, so as not to import it."""
+    api = sys.modules.get("opentelemetry.trace")
+    return api is not None and not isinstance(api.get_tracer_provider(), api.ProxyTracerProvider)
+
+
 def setup(provider: Any = None) -> bool:
     """Choose the hooks, once per process (``task_queue.apps``): OpenTelemetry's when
-    the environment configures it (:func:`configured`) and the ``otel`` extra is
-    installed, else none. ``provider``: a TracerProvider to use instead of the
-    environment's (tests pass one with an in-memory exporter). True when enabled."""
+    the environment configures it (:func:`configured`) or a TracerProvider is
+    installed already, and the ``otel`` extra is installed; else none. ``provider``:
+    a TracerProvider to use instead (tests pass one with an in-memory exporter).
+    True when enabled."""
     global active
-    if provider is None and not configured():
+    if provider is None and not configured() and not provider_installed():
         active = NO_TRACING
         return False
     try:

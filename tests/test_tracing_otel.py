@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -29,7 +31,7 @@ from task_queue.models import Task, TaskStatus
 from task_queue.tracing_otel import otel_trace_id, stand_in_root
 from task_queue.worker import Worker, WorkerConfig
 from tests.support.api import ECHO
-from tests.support.processes import manage_env, run_manage
+from tests.support.processes import REPO, manage_env, run_manage
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
@@ -175,3 +177,33 @@ def test_a_worker_process_configured_by_otel_variables_exports_its_spans(api):
     assert process["parent_id"] == f"0x{CALLER_SPAN}"
     assert process["resource"]["attributes"]["service.name"] == "w-test"
     assert by_name["claim EchoAgent"]["parent_id"] == f"0x{CALLER_SPAN}"
+
+
+# A process whose own code installed a TracerProvider before Django loaded the apps.
+PROVIDER_FIRST = """
+import django
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+provider = TracerProvider()
+trace.set_tracer_provider(provider)
+django.setup()
+from task_queue import tracing
+
+print("hooks:", type(tracing.active).__name__, tracing.active.provider is provider)
+"""
+
+
+def test_a_tracer_provider_installed_first_turns_tracing_on():
+    env = {name: value for name, value in manage_env().items() if not name.startswith("OTEL_")}
+    env.setdefault("DJANGO_SETTINGS_MODULE", "automechanica.settings")
+    done = subprocess.run(
+        [sys.executable, "-c", PROVIDER_FIRST],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "hooks: OtelTracing True" in done.stdout.splitlines()
