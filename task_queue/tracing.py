@@ -89,8 +89,6 @@ _NO_PARENT = nullcontext((None, None))
 class NoTracing:
     """The hooks with OpenTelemetry off: nothing recorded, nothing imported."""
 
-    enabled = False
-
     def enqueue(self, count: int) -> AbstractContextManager[tuple[str | None, str | None]]:
         """Around an enqueue of ``count`` tasks. Yields the trace of the tasks that
         name none (the request's) and the trace context to store with them

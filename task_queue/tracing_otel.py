@@ -129,8 +129,6 @@ class OtelTracing(NoTracing):
     """Spans: ``enqueue`` (producer), and per task ``claim AGENT`` and ``process AGENT``
     (consumer), with the messaging attributes and the task's own."""
 
-    enabled = True
-
     def __init__(self, provider: Any = None) -> None:
         self.provider = provider if provider is not None else provider_from_environment()
         self.tracer = self.provider.get_tracer(SCOPE)
