@@ -11,12 +11,14 @@ class TaskQueueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import maintenance_jobs, registry
+        from . import maintenance_jobs, registry, tracing
         from .signals import require_pgvector
 
         # The agents live in higher layers (agents_app, or a deployment's own modules):
         # settings.AGENT_MODULES names them, and importing them registers them here.
         registry.load_agent_modules()
         maintenance_jobs.register()
+        # Once per process: OpenTelemetry's hooks if OTEL_* asks for traces, else none.
+        tracing.setup()
 
         pre_migrate.connect(require_pgvector, sender=self, dispatch_uid="require_pgvector")

@@ -23,7 +23,7 @@ from django.db import transaction
 from task_queue.sql import enqueue as enqueue_sql
 from task_queue.sql import operator
 
-from . import audit, blobs, registry
+from . import audit, blobs, registry, tracing
 from .ids import time_ordered_ids
 from .models import (
     MAX_ATTEMPTS_LIMIT,
@@ -130,37 +130,39 @@ def enqueue_many(
     """
     if not specs:
         return []
-    distinct: dict[int, dict[str, Any]] = {}
-    rows = []
-    for index, spec in enumerate(specs):
-        row = distinct.get(id(spec))
-        if row is None:
-            row = distinct[id(spec)] = _validated(spec, index if indexed else None, prefix)
-        rows.append(row)
-    with transaction.atomic():
-        # Only once every task is valid, in the transaction that references the blob
-        # (so the collector leaves it alone: task_queue.blobs).
-        for row in distinct.values():
-            row["payload"], row["payload_ref"] = blobs.offload(row.pop("payload_json"))
-            row["line"] = enqueue_sql.copy_line(
-                [row[name] for name in enqueue_sql.INPUT_COLUMNS[1:]]
-            )
-        _check_workflows(rows, prefix, indexed)
-        results = enqueue_sql.enqueue_tasks(
-            time_ordered_ids(len(rows)), [row["line"] for row in rows],
-            [row["idempotency_key"] for row in rows],
-        )  # fmt: skip
-        for index, (row, result) in enumerate(zip(rows, results, strict=True)):
-            # A task keyed before fingerprints were kept (None) matches any request.
-            if (
-                not result.created
-                and result.existing_fingerprint is not None
-                and result.existing_fingerprint != row["idempotency_fingerprint"]
-            ):
-                path = f"{prefix}[{index}].idempotency_key" if indexed else "idempotency_key"
-                raise IdempotencyConflict(row["idempotency_key"], result.id, path)
-        enqueue_sql.notify_agents([row["agent_name"] for row in distinct.values()])
-    return [Enqueued(result.id, result.created) for result in results]
+    with tracing.active.enqueue(len(specs)) as (trace, parent):
+        distinct: dict[int, dict[str, Any]] = {}
+        rows = []
+        for index, spec in enumerate(specs):
+            row = distinct.get(id(spec))
+            if row is None:
+                row = distinct[id(spec)] = _validated(spec, index if indexed else None, prefix)
+            rows.append(row)
+        with transaction.atomic():
+            # Only once every task is valid, in the transaction that references the blob
+            # (so the collector leaves it alone: task_queue.blobs).
+            for row in distinct.values():
+                row["payload"], row["payload_ref"] = blobs.offload(row.pop("payload_json"))
+                row["line"] = enqueue_sql.copy_line(
+                    [row[name] for name in enqueue_sql.INPUT_COLUMNS[1:]]
+                )
+            _check_workflows(rows, prefix, indexed)
+            results = enqueue_sql.enqueue_tasks(
+                time_ordered_ids(len(rows)), [row["line"] for row in rows],
+                [row["idempotency_key"] for row in rows],
+                trace_id=trace, traceparent=parent,
+            )  # fmt: skip
+            for index, (row, result) in enumerate(zip(rows, results, strict=True)):
+                # A task keyed before fingerprints were kept (None) matches any request.
+                if (
+                    not result.created
+                    and result.existing_fingerprint is not None
+                    and result.existing_fingerprint != row["idempotency_fingerprint"]
+                ):
+                    path = f"{prefix}[{index}].idempotency_key" if indexed else "idempotency_key"
+                    raise IdempotencyConflict(row["idempotency_key"], result.id, path)
+            enqueue_sql.notify_agents([row["agent_name"] for row in distinct.values()])
+        return [Enqueued(result.id, result.created) for result in results]
 
 
 def check(spec: TaskSpec) -> None:

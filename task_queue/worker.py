@@ -34,7 +34,7 @@ from task_queue.sql import enqueue as enqueue_sql
 from task_queue.sql import leasing
 from task_queue.sql import outcomes as outcomes_sql
 
-from . import leases, reaper, registry, task_logging
+from . import leases, reaper, registry, task_logging, tracing
 from .execution import InFlight, StopReason, deadline_for, run_handler, timed_out
 from .notifications import Listener
 from .outcomes import OutcomeWriter, log_outcome
@@ -165,6 +165,7 @@ class Worker:
         return self.config.burst
 
     def _claim_and_dispatch(self, limit: int) -> int:
+        began = tracing.active.claim_began()
         claimed = leasing.claim_tasks(
             owner=self.id,
             agents=list(self.agents),
@@ -174,6 +175,7 @@ class Worker:
         )
         if not claimed:
             return 0
+        tracing.active.claimed(claimed, began, self.id)
         self.claimed += len(claimed)
         flights = [self._in_flight(task) for task in claimed]
         with self._lock:  # held from here on, so the heartbeat extends these leases
@@ -208,16 +210,20 @@ class Worker:
                 if flight.settled:
                     continue  # released at shutdown before a thread took it: not ours now
                 about = task_logging.enter(flight.task, self.id)  # the hot path: no `with`
+                span = tracing.active.task_started(flight.task, self.id)
+                written = None
                 try:
                     logger.debug("task %s started: %s", flight.task.id, flight.task.task_type)
                     outcome = run_handler(flight)
                     if outcome is not None and flight.settle():
+                        written = outcome
                         log_outcome(outcome)
                         self._writer.put(outcome)
                     elif flight.stop_reason is not None:
                         reason = flight.stop_reason.value
                         logger.debug("task %s stopped: %s", flight.task.id, reason)
                 finally:
+                    tracing.active.task_ended(span, written, flight.stop_reason)
                     task_logging.leave(about)
             finally:
                 self._forget([flight])

@@ -47,6 +47,7 @@ def claimed(task_type: str = "work", payload: Any = None, **fields: Any) -> Clai
         "trace_id": "trace-1",
         "lease_token": uuid.uuid4(),
         "payload_ref": None,
+        "traceparent": None,
         **fields,
     }
     return ClaimedTask(**values)

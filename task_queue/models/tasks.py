@@ -119,6 +119,9 @@ class Task(models.Model):
     # request is a conflict, even after the task's payload was edited.
     idempotency_fingerprint = models.TextField(null=True, blank=True)
     trace_id = models.TextField(null=True, blank=True)
+    # The W3C trace context (traceparent) of the span that enqueued the task: its
+    # spans' parent or link (task_queue.tracing); null without one.
+    traceparent = models.TextField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())

@@ -36,14 +36,16 @@ COPY_ENQUEUE_INPUT = f"COPY enqueue_input ({', '.join(INPUT_COLUMNS)}) FROM STDI
 # In input order, so created_at (the clock at each row) keeps the order of the batch.
 # A task whose idempotency key exists already is skipped (enqueue_tasks finds it).
 # Every task gets a trace id (docs/queue.md, "Trace ids"): the caller's; else its
-# workflow's (the workflow's id, as hex, for a workflow written without one); else a
-# new trace rooted at the task, its own id as 32 hex digits (a W3C trace-id). The
-# workflow is looked up only for a task with a workflow and no trace of its own.
+# workflow's (the workflow's id, as hex, for a workflow written without one); else the
+# request's (its traceparent header's, one for the batch); else a new trace rooted at
+# the task, its own id as 32 hex digits (a W3C trace-id). The workflow is looked up
+# only for a task with a workflow and no trace of its own. The batch's traceparent is
+# the span that enqueued it (task_queue.tracing), or null.
 INSERT_STAGED_TASKS = f"""
 WITH input AS (DELETE FROM enqueue_input RETURNING *)
 INSERT INTO tasks (id, workflow_id, agent_name, task_type, payload, payload_ref, priority,
                    max_attempts, available_at, idempotency_key, idempotency_fingerprint,
-                   trace_id, created_at, updated_at)
+                   trace_id, traceparent, created_at, updated_at)
 SELECT id, workflow_id, agent_name, task_type, payload, payload_ref, priority, max_attempts,
        COALESCE(available_at, {NOW} + make_interval(secs => COALESCE(delay_seconds, 0))),
        idempotency_key, idempotency_fingerprint,
@@ -53,9 +55,10 @@ SELECT id, workflow_id, agent_name, task_type, payload, payload_ref, priority, m
                SELECT COALESCE(w.trace_id, replace(w.id::text, '-', ''))
                FROM workflows w WHERE w.id = input.workflow_id
            ) END,
+           %(trace_id)s::text,
            replace(id::text, '-', '')
        ),
-       clock_timestamp(), {NOW}
+       %(traceparent)s::text, clock_timestamp(), {NOW}
 FROM input
 ORDER BY ord
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -89,10 +92,16 @@ def copy_line(values: Sequence[Any]) -> str:
 
 
 def enqueue_tasks(
-    ids: Sequence[UUID], lines: Sequence[str], keys: Sequence[str | None]
+    ids: Sequence[UUID],
+    lines: Sequence[str],
+    keys: Sequence[str | None],
+    *,
+    trace_id: str | None = None,
+    traceparent: str | None = None,
 ) -> list[EnqueueResult]:
     """Insert tasks, one :func:`copy_line` each (``INPUT_COLUMNS`` after the id);
-    one result per input, in order.
+    one result per input, in order. ``trace_id``: the trace of those naming none (the
+    request's); ``traceparent``: the span that enqueued them.
 
     ``keys`` are the tasks' idempotency keys. A task whose key exists already (from
     an earlier transaction, a concurrent one that committed first, or earlier in
@@ -102,7 +111,8 @@ def enqueue_tasks(
         cursor.execute(CREATE_ENQUEUE_INPUT)
         with cursor.copy(COPY_ENQUEUE_INPUT) as copy:
             copy.write("".join(f"{id_}\t{line}\n" for id_, line in zip(ids, lines, strict=True)))
-        cursor.execute(INSERT_STAGED_TASKS, {"now": None})
+        params = {"now": None, "trace_id": trace_id, "traceparent": traceparent}
+        cursor.execute(INSERT_STAGED_TASKS, params)
     keyed = [key for key in keys if key is not None]
     # Each statement sees what committed before it started (READ COMMITTED), so a key
     # the insert skipped for a concurrent transaction's row is found here.

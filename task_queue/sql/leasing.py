@@ -57,6 +57,7 @@ class ClaimedTask:
     trace_id: str | None
     lease_token: UUID
     payload_ref: str | None  # the payload's blob, when it is too large for the row
+    traceparent: str | None  # the span it was enqueued under (task_queue.tracing)
 
 
 # Each agent's due tasks come from an ordered scan of tasks_pending_lease_idx
@@ -116,8 +117,8 @@ claimed AS (
     FROM chosen
     WHERE t.id = chosen.id
     RETURNING t.id, t.agent_name, t.task_type, t.payload, t.attempts, t.max_attempts,
-              t.workflow_id, t.trace_id, t.lease_token, t.payload_ref, t.lease_owner,
-              t.lease_expires_at
+              t.workflow_id, t.trace_id, t.lease_token, t.payload_ref, t.traceparent,
+              t.lease_owner, t.lease_expires_at
 ),
 envelopes AS (
     INSERT INTO event_outbox (kind, trace_id, causation_id, subject_id, emitted_at,
@@ -136,7 +137,7 @@ starts AS (
     WHERE limited.rate_limited
 )
 SELECT id, agent_name, task_type, payload, attempts, max_attempts, workflow_id, trace_id,
-       lease_token, payload_ref
+       lease_token, payload_ref, traceparent
 FROM claimed
 """
 

@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Body, Query, Router, Status
 from pydantic import Field
 
-from task_queue import blobs, operations
+from task_queue import blobs, operations, tracing
 from task_queue.models import REVIVABLE_STATUSES, Task
 from task_queue.sql import reading
 
@@ -70,7 +70,15 @@ def _task(task_id: UUID) -> Task:
 def create_tasks(request: HttpRequest, body: Body[TaskCreateBody]):
     """A single task answers 201 with the task, or 200 with the existing task when its
     idempotency key was used before by the same request. A list answers with every
-    task in order, 201 if any is new; all are created or none."""
+    task in order, 201 if any is new; all are created or none.
+
+    With a W3C ``traceparent`` header, tasks that name no ``trace_id`` take its
+    trace, and their spans (with OpenTelemetry on) are its children."""
+    with tracing.incoming(request.headers.get("traceparent")):
+        return _create_tasks(body)
+
+
+def _create_tasks(body: TaskCreateBody) -> HttpResponse | Status:
     if isinstance(body, list):
         results = operations.enqueue_many([_spec(t) for t in body], prefix="")
         created = sum(r.created for r in results)

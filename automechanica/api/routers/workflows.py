@@ -11,7 +11,7 @@ from django.utils import timezone
 from ninja import Router, Status
 from pydantic import Field
 
-from task_queue import blobs, operations
+from task_queue import blobs, operations, tracing
 from task_queue.models import Task, TaskStatus, Workflow
 from task_queue.storable import storable_json
 from workflows.progress import progress_of, status_of, with_status
@@ -104,14 +104,17 @@ def _stored_metadata(metadata: dict[str, Any], text: str) -> dict[str, Any]:
     ),
 )
 def create_workflow(request: HttpRequest, body: WorkflowCreate):
-    """The workflow and its first tasks, in one transaction: all or nothing."""
+    """The workflow and its first tasks, in one transaction: all or nothing.
+
+    Without a ``trace_id``, a W3C ``traceparent`` header names the workflow's trace."""
     text = _metadata_json(body.metadata)
-    with transaction.atomic():
+    header = request.headers.get("traceparent")
+    with tracing.incoming(header) as parent, transaction.atomic():
         workflow = Workflow.objects.create(
             name=body.name,
             **_stored_metadata(body.metadata, text),
             open=body.open,
-            trace_id=body.trace_id,
+            trace_id=body.trace_id or (parent.trace_id if parent else None),
         )
         specs = [
             # A task without a trace of its own joins the workflow's (enqueue_many).

@@ -1,0 +1,172 @@
+"""OpenTelemetry spans for enqueue, claim and execution, optional (docs/tracing.md).
+
+The queue calls the hooks of :data:`active` at four places: around an enqueue
+(``operations.enqueue_many``), around a worker's claim statement, and before and after
+each handler. Until :func:`setup` finds OpenTelemetry installed and configured, they
+are :class:`NoTracing`'s: no span, no ``opentelemetry`` import, a method call that
+returns at once (per claim batch and per task). :func:`setup` runs once per process,
+when the queue app is ready, and swaps in ``task_queue.tracing_otel``'s hooks.
+
+W3C ``traceparent`` headers are read here, without OpenTelemetry: a request that
+carries one gives its trace to the tasks that name none, whether or not this process
+exports spans.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from task_queue.execution import Outcome, StopReason
+    from task_queue.sql.leasing import ClaimedTask
+
+logger = logging.getLogger(__name__)
+
+# version-trace_id-span_id-flags; a later version may append fields after the flags.
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
+_ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
+
+
+class Traceparent(NamedTuple):
+    """A W3C trace context: the span a request (or an enqueue) was made under."""
+
+    trace_id: str  # 32 lowercase hex digits
+    span_id: str  # 16 lowercase hex digits
+    flags: str  # 2 hex digits; 01: sampled
+
+    def __str__(self) -> str:
+        return f"00-{self.trace_id}-{self.span_id}-{self.flags}"
+
+
+def parse_traceparent(header: str | None) -> Traceparent | None:
+    """The header's trace context, or None when it is absent or invalid (the W3C
+    recommendation: an invalid ``traceparent`` is ignored, not refused)."""
+    if not header:
+        return None
+    match = _TRACEPARENT.fullmatch(header.strip())
+    if match is None:
+        return None
+    version, trace_id, span_id, flags, rest = match.groups()
+    if version == "ff" or (version == "00" and rest) or trace_id == _ZERO_TRACE:
+        return None
+    if span_id == _ZERO_SPAN:
+        return None
+    return Traceparent(trace_id, span_id, flags)
+
+
+# The trace context of the request being served (its traceparent header), if any.
+_incoming: ContextVar[Traceparent | None] = ContextVar("incoming_trace", default=None)
+
+
+@contextmanager
+def incoming(header: str | None) -> Iterator[Traceparent | None]:
+    """Serve a request with this ``traceparent`` header: enqueues in the block are
+    its children, and their tasks that name no trace take its trace. Yields the
+    parsed header (None: absent or invalid)."""
+    parent = parse_traceparent(header)
+    token = _incoming.set(parent)
+    try:
+        yield parent
+    finally:
+        _incoming.reset(token)
+
+
+def incoming_parent() -> Traceparent | None:
+    """The trace context of the request this thread serves (:func:`incoming`)."""
+    return _incoming.get()
+
+
+_NO_PARENT = nullcontext((None, None))
+
+
+class NoTracing:
+    """The hooks with OpenTelemetry off: nothing recorded, nothing imported."""
+
+    def enqueue(self, count: int) -> AbstractContextManager[tuple[str | None, str | None]]:
+        """Around an enqueue of ``count`` tasks. Yields the trace of the tasks that
+        name none (the request's) and the trace context to store with them
+        (``tasks.traceparent``): here the request's, as it came."""
+        parent = _incoming.get()
+        if parent is None:
+            return _NO_PARENT
+        return nullcontext((parent.trace_id, str(parent)))
+
+    def claim_began(self) -> int:
+        """Before a claim statement: its start time for :meth:`claimed`."""
+        return 0
+
+    def claimed(self, tasks: list[ClaimedTask], began: int, worker: str) -> None:
+        """After a claim statement that leased ``tasks``."""
+
+    def task_started(self, task: ClaimedTask, worker: str) -> Any:
+        """Before the handler runs, on its thread; the result goes to :meth:`task_ended`."""
+        return None
+
+    def task_ended(
+        self, started: Any, outcome: Outcome | None, stop_reason: StopReason | None
+    ) -> None:
+        """After the handler, on its thread: the outcome this attempt wrote (None when
+        it wrote none: stopped, or its timeout's outcome was written instead)."""
+
+
+NO_TRACING = NoTracing()
+# The hooks in effect: NO_TRACING until setup() enables OpenTelemetry.
+active: NoTracing = NO_TRACING
+
+_EXPORTER_SETTINGS = (
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+)
+
+
+def configured(environ: dict[str, str] | os._Environ = os.environ) -> bool:
+    """Whether the environment asks for traces: an exporter or an OTLP endpoint named
+    (``OTEL_TRACES_EXPORTER=none`` and ``OTEL_SDK_DISABLED=true`` say no)."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporters = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporters == "none":
+        return False
+    return any(environ.get(name, "").strip() for name in _EXPORTER_SETTINGS)
+
+
+def provider_installed() -> bool:
+    """Whether this process's own code installed a TracerProvider before the apps
+    loaded (``opentelemetry-instrument``, a deployment's settings): looked up only if
+    OpenTelemetry is imported already, so as not to import it."""
+    api = sys.modules.get("opentelemetry.trace")
+    return api is not None and not isinstance(api.get_tracer_provider(), api.ProxyTracerProvider)
+
+
+def setup(provider: Any = None) -> bool:
+    """Choose the hooks, once per process (``task_queue.apps``): OpenTelemetry's when
+    the environment configures it (:func:`configured`) or a TracerProvider is
+    installed already, and the ``otel`` extra is installed; else none. ``provider``:
+    a TracerProvider to use instead (tests pass one with an in-memory exporter).
+    True when enabled."""
+    global active
+    if provider is None and not configured() and not provider_installed():
+        active = NO_TRACING
+        return False
+    try:
+        from task_queue import tracing_otel
+    except ImportError as error:
+        logger.warning("OTEL_* asks for traces but OpenTelemetry is not installed (%s)", error)
+        active = NO_TRACING
+        return False
+    active = tracing_otel.OtelTracing(provider)
+    return True
+
+
+def disable() -> None:
+    """Back to no hooks (tests, after :func:`setup` with a provider)."""
+    global active
+    active = NO_TRACING
