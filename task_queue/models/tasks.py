@@ -119,6 +119,11 @@ class Task(models.Model):
     # request is a conflict, even after the task's payload was edited.
     idempotency_fingerprint = models.TextField(null=True, blank=True)
     trace_id = models.TextField(null=True, blank=True)
+    # How far the current (or last) attempt got, as its handler reported it
+    # (TaskContext.progress): written by the worker's heartbeat, cleared by a claim.
+    progress = models.FloatField(null=True, blank=True)
+    progress_message = models.TextField(null=True, blank=True)
+    progress_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
