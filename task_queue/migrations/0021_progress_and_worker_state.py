@@ -7,7 +7,9 @@
 - ``workers.state`` (idle, busy, draining) and ``task_ids``: written by the heartbeat
   and at once when a worker starts draining.
 
-Nullable columns without a default (and ``state``'s constant default): no table rewrite.
+Nullable columns without a default, and constant defaults (``state``, ``task_ids``:
+what a worker of the release before, which writes neither, registers with): no table
+rewrite.
 """
 
 import django.contrib.postgres.fields
@@ -47,7 +49,7 @@ class Migration(migrations.Migration):
             model_name="worker",
             name="task_ids",
             field=django.contrib.postgres.fields.ArrayField(
-                base_field=models.UUIDField(), blank=True, default=list, size=None
+                base_field=models.UUIDField(), blank=True, db_default=[], default=list, size=None
             ),
         ),
     ]

@@ -23,7 +23,9 @@ class Worker(models.Model):
     memory_bytes = models.BigIntegerField(null=True, blank=True)  # resident set size
     state = models.TextField(choices=WorkerState.choices, db_default=WorkerState.IDLE)
     # The tasks it holds, as of its last heartbeat (or its change of state).
-    task_ids = ArrayField(models.UUIDField(), default=list, blank=True)
+    # A database default: a worker of the release before, which does not write the
+    # column, still registers during a rolling upgrade.
+    task_ids = ArrayField(models.UUIDField(), default=list, db_default=[], blank=True)
     started_at = models.DateTimeField(db_default=Now())
     last_heartbeat_at = models.DateTimeField(db_default=Now())
 
