@@ -121,7 +121,8 @@ class TaskHistoryInline(admin.TabularInline):
 MAIN_FIELDS = ["id", "agent_name", "task_type", "status", "priority", "workflow", "payload",
                "payload_ref", "result", "result_ref", "error_info"]  # fmt: skip
 LEASE_FIELDS = ["attempts", "max_attempts", "available_at", "lease_owner", "lease_token",
-                "lease_expires_at", "cancel_requested_at"]  # fmt: skip
+                "lease_expires_at", "cancel_requested_at", "progress", "progress_message",
+                "progress_at"]  # fmt: skip
 TIME_FIELDS = ["idempotency_key", "trace_id", "created_at", "started_at", "finished_at",
                "updated_at"]  # fmt: skip
 
@@ -209,8 +210,8 @@ class DeadLetterTaskAdmin(TaskAdmin):
 
 @admin.register(Worker)
 class WorkerAdmin(ReadOnlyAdmin):
-    list_display = ["worker_id", "hostname", "pid", "agents", "concurrency", "in_flight",
-                    "memory_bytes", "last_heartbeat_at"]  # fmt: skip
+    list_display = ["worker_id", "hostname", "pid", "agents", "state", "concurrency",
+                    "in_flight", "memory_bytes", "last_heartbeat_at"]  # fmt: skip
 
 
 @admin.register(TaskQueueMetric)

@@ -7,10 +7,16 @@ whether a raised error is retried with backoff or fails the task for good.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from uuid import UUID
+
+from .storable import without_nul
+
+# A progress message longer than this is cut (it is a status line, not a log).
+PROGRESS_MESSAGE_MAX_CHARS = 200
 
 
 class PermanentError(Exception):
@@ -42,6 +48,33 @@ class TaskContext:
     workflow_id: UUID | None = None
     trace_id: str | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
+    # The last (fraction, message) reported, which the worker's heartbeat writes.
+    reported_progress: tuple[float, str] | None = field(default=None, init=False, repr=False)
+
+    def progress(self, fraction: float, message: str = "") -> None:
+        """Report how far the task has got: ``fraction`` in [0, 1] and a short
+        ``message`` (cut at ``PROGRESS_MESSAGE_MAX_CHARS``).
+
+        Only the latest report is kept, in memory; the worker's next heartbeat writes
+        it with the lease extension (every third of the lease), so calling this often
+        costs no database write. ``ValueError`` for a fraction that is not a finite
+        number in [0, 1], ``TypeError`` for a message that is not a string.
+        """
+        if (
+            isinstance(fraction, bool)
+            or not isinstance(fraction, int | float)
+            or not math.isfinite(fraction)
+            or not 0 <= fraction <= 1
+        ):
+            raise ValueError(f"progress must be a finite number from 0 to 1, not {fraction!r}")
+        if not isinstance(message, str):
+            raise TypeError(f"a progress message must be a string, not {type(message).__name__}")
+        # What PostgreSQL cannot store (NUL, unpaired surrogates) is replaced, so a
+        # message never makes the heartbeat fail.
+        text = without_nul(message[:PROGRESS_MESSAGE_MAX_CHARS])
+        text = text.encode("utf-8", "replace").decode("utf-8")
+        # One new tuple per report: the worker tells a new report by its identity.
+        self.reported_progress = (float(fraction), text)
 
     def check_cancelled(self) -> None:
         """Raise :class:`TaskCancelled` if the worker asked this handler to stop."""

@@ -61,6 +61,8 @@ class InFlight:
     deadline: float  # time.monotonic() after which the attempt times out
     cancelled: threading.Event = field(default_factory=threading.Event)
     stop_reason: StopReason | None = None
+    context: TaskContext | None = None  # what the handler sees, once it runs
+    progress_written: tuple[float, str] | None = None  # the last report the heartbeat wrote
     _settled: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -71,6 +73,11 @@ class InFlight:
     @property
     def settled(self) -> bool:
         return self._settled
+
+    def unwritten_progress(self) -> tuple[float, str] | None:
+        """The handler's latest progress report if the heartbeat has not written it."""
+        reported = self.context.reported_progress if self.context is not None else None
+        return None if reported is self.progress_written else reported
 
     def stop(self, reason: StopReason) -> None:
         """Ask the handler to stop (it sees ``cancelled`` set)."""
@@ -113,6 +120,7 @@ def run_handler(flight: InFlight) -> Outcome | None:
         trace_id=task.trace_id,
         cancelled=flight.cancelled,
     )
+    flight.context = context
     try:
         if task.task_type not in agent.task_types:
             raise PermanentError(

@@ -127,13 +127,23 @@ class Lease:
         """The row is held, but its lease has ended."""
         return f"{alias}.status IN ({self.held_statuses}) AND {alias}.{self.ends} < {self.now}"
 
-    def extend_statement(self, alias: str = "x", returning: str | None = None) -> str:
-        """Move the end of every lease in ``held_rows`` that is still held; returns
-        ``returning`` (default: the ids extended)."""
+    def extend_statement(
+        self,
+        alias: str = "x",
+        returning: str | None = None,
+        *,
+        held_rows: str | None = None,
+        also_set: str = "",
+    ) -> str:
+        """Move the end of every lease in ``held_rows`` (default :attr:`held_rows`)
+        that is still held, and set ``also_set``'s items, which may read further
+        columns of a ``held_rows`` of the caller's; returns ``returning`` (default: the
+        ids extended)."""
+        extra = f",\n    {also_set}" if also_set else ""
         return f"""
 UPDATE {self.table} {alias}
-SET {self.ends} = {self.now} + make_interval(secs => %(lease_seconds)s)
-FROM {self.held_rows}
+SET {self.ends} = {self.now} + make_interval(secs => %(lease_seconds)s){extra}
+FROM {held_rows or self.held_rows}
 WHERE {self.fenced_batch(alias)} AND {alias}.status IN ({self.held_statuses})
 RETURNING {returning or f"{alias}.id"}
 """

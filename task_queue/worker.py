@@ -8,9 +8,11 @@ Threads, and what each one does:
   next task's ``available_at`` or the poll interval, whichever comes first;
 - ``concurrency`` handler threads run agents (``execution.run_handler``);
 - the outcome writer records finished tasks in batches (``outcomes``);
-- the monitor heartbeats every ``lease/3`` (one statement extends all leases and
-  reports cancellation requests and lost leases), runs the reaper, and fails
-  handlers that pass their agent's timeout;
+- the monitor heartbeats every ``lease/3`` (one statement extends all leases,
+  writes the progress handlers reported since the last one, records the worker's
+  state and reports cancellation requests and lost leases), and at once when the
+  worker starts draining; it runs the reaper, and fails handlers that pass their
+  agent's timeout;
 - the listener turns notifications into wake-ups (``notifications``).
 """
 
@@ -36,6 +38,7 @@ from task_queue.sql import outcomes as outcomes_sql
 
 from . import leases, reaper, registry, task_logging, tracing
 from .execution import InFlight, StopReason, deadline_for, run_handler, timed_out
+from .models import WorkerState
 from .notifications import Listener
 from .outcomes import OutcomeWriter, log_outcome
 from .retry import CONNECTION_ERRORS, Backoff
@@ -239,11 +242,14 @@ class Worker:
         heartbeat_every = self.config.lease_seconds / 3
         next_heartbeat = time.monotonic() + heartbeat_every
         next_reap = time.monotonic()
+        draining_shown = False
         try:
             while not self._monitor_stop.wait(MONITOR_TICK_SECONDS):
                 now = time.monotonic()
                 self._fail_timed_out(now)
-                if now >= next_heartbeat:
+                # A stop request is shown at once (state draining), not a lease/3 later.
+                if now >= next_heartbeat or (self._stopping.is_set() and not draining_shown):
+                    draining_shown = self._stopping.is_set()
                     self._heartbeat()
                     next_heartbeat = now + heartbeat_every
                 if now >= next_reap:
@@ -260,8 +266,16 @@ class Worker:
         with self._lock:
             return [f for f in self.inflight.values() if not f.settled]
 
+    def _state(self, flights: list[InFlight]) -> WorkerState:
+        if self._stopping.is_set():
+            return WorkerState.DRAINING
+        return WorkerState.BUSY if flights else WorkerState.IDLE
+
     def _heartbeat(self) -> None:
+        """Extend the leases, write the progress not yet written (kept for the next
+        heartbeat if this one fails) and the worker's state."""
         flights = self._held_flights()
+        progress = [f.unwritten_progress() for f in flights]
         try:
             alive = leasing.heartbeat(
                 owner=self.id,
@@ -272,12 +286,17 @@ class Worker:
                 agents=list(self.agents),
                 concurrency=self.config.concurrency,
                 memory_bytes=self._process.memory_info().rss,
+                state=self._state(flights),
+                progress=progress if any(progress) else (),
                 now=self.now(),
             )
         except CONNECTION_ERRORS as error:
             logger.warning("heartbeat failed (%s)", error)
             connection.close()
             return
+        for flight, report in zip(flights, progress, strict=True):
+            if report is not None:
+                flight.progress_written = report
         for flight in flights:
             if flight.task.id not in alive:
                 if flight.settle():

@@ -159,6 +159,15 @@ class TaskOut(Schema):
     omitted: list[Literal["payload", "result"]] = Field([], description=OMITTED)
     idempotency_key: str | None
     trace_id: str | None
+    progress: float | None = Field(
+        None,
+        description="How far the current (or last) attempt got, from 0 to 1, as its handler "
+        "last reported it; written with the worker's heartbeat (every third of the lease). "
+        "Kept when the task ends, cleared when it starts again; null: none reported.",
+    )
+    progress_message: str | None = Field(
+        None, description="The handler's message with its last progress (up to 200 characters)."
+    )
     started_at: datetime | None
     finished_at: datetime | None
     created_at: datetime
@@ -365,6 +374,11 @@ class WorkerOut(Schema):
     agents: list[str]
     concurrency: int
     in_flight: int
+    state: Literal["idle", "busy", "draining"] = Field(
+        description="busy: running tasks; draining: stopping, finishing its running tasks "
+        "and taking no new one (written at once on the stop signal)."
+    )
+    task_ids: list[UUID] = Field(description="The tasks it runs, as of its last heartbeat.")
     started_at: datetime
     last_heartbeat_at: datetime
     heartbeat_age_seconds: float

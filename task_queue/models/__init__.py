@@ -34,6 +34,7 @@ from .workers import (
     PausedAgent,
     Worker,
     WorkerHeartbeat,
+    WorkerState,
 )
 
 __all__ = [
@@ -65,6 +66,7 @@ __all__ = [
     "TaskStatus",
     "Worker",
     "WorkerHeartbeat",
+    "WorkerState",
     "Workflow",
     "payload_contains",
     "payload_text",

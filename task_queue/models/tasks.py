@@ -122,6 +122,11 @@ class Task(models.Model):
     # The W3C trace context (traceparent) of the span that enqueued the task: its
     # spans' parent or link (task_queue.tracing); null without one.
     traceparent = models.TextField(null=True, blank=True)
+    # How far the current (or last) attempt got, as its handler reported it
+    # (TaskContext.progress): written by the worker's heartbeat, cleared by a claim.
+    progress = models.FloatField(null=True, blank=True)
+    progress_message = models.TextField(null=True, blank=True)
+    progress_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())

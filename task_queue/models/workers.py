@@ -5,6 +5,12 @@ from django.db import models
 from django.db.models.functions import Now
 
 
+class WorkerState(models.TextChoices):
+    IDLE = "idle"  # running no task
+    BUSY = "busy"  # running tasks (task_ids)
+    DRAINING = "draining"  # stopping: takes no new task, lets its running ones finish
+
+
 class Worker(models.Model):
     """A live worker process, upserted by its heartbeat and removed when it exits."""
 
@@ -15,6 +21,11 @@ class Worker(models.Model):
     concurrency = models.IntegerField()
     in_flight = models.IntegerField(default=0)
     memory_bytes = models.BigIntegerField(null=True, blank=True)  # resident set size
+    state = models.TextField(choices=WorkerState.choices, db_default=WorkerState.IDLE)
+    # The tasks it holds, as of its last heartbeat (or its change of state).
+    # A database default: a worker of the release before, which does not write the
+    # column, still registers during a rolling upgrade.
+    task_ids = ArrayField(models.UUIDField(), default=list, db_default=[], blank=True)
     started_at = models.DateTimeField(db_default=Now())
     last_heartbeat_at = models.DateTimeField(db_default=Now())
 

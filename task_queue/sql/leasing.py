@@ -112,6 +112,7 @@ claimed AS (
     UPDATE tasks t
     SET status = 'running',
         {TASK_LEASE.grant()},
+        progress = NULL, progress_message = NULL, progress_at = NULL,
         started_at = {NOW},
         updated_at = {NOW}
     FROM chosen
@@ -161,16 +162,40 @@ def claim_tasks(
     ]
 
 
+# The held tasks, each with the progress its handler reported since the last
+# heartbeat: a NULL fraction means nothing new, and leaves its columns as they are.
+HELD_WITH_PROGRESS = (
+    "unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(fractions)s::float8[], %(messages)s::text[])"
+    " AS held(id, lease_token, fraction, message)"
+)
+# A new report also moves updated_at, so the trigger notify_task_changes (queue 0006)
+# tells the task's open pages; a lease extension alone changes neither.
+WRITE_PROGRESS = f"""progress = COALESCE(held.fraction, t.progress),
+    progress_message = CASE WHEN held.fraction IS NULL THEN t.progress_message
+                            ELSE held.message END,
+    progress_at = CASE WHEN held.fraction IS NULL THEN t.progress_at ELSE {NOW} END,
+    updated_at = CASE WHEN held.fraction IS NULL THEN t.updated_at ELSE {NOW} END"""
+EXTEND_AND_WRITE_PROGRESS = TASK_LEASE.extend_statement(
+    "t",
+    "t.id, t.cancel_requested_at IS NOT NULL",
+    held_rows=HELD_WITH_PROGRESS,
+    also_set=WRITE_PROGRESS,
+)
+
+# One statement per heartbeat, whatever the worker holds: extend its leases, write
+# its handlers' progress (fenced like any write about a task: a worker that lost a
+# lease writes nothing to that task), and upsert its row in the registry.
 HEARTBEAT = f"""
-WITH extended AS ({TASK_LEASE.extend_statement("t", "t.id, t.cancel_requested_at IS NOT NULL")}),
+WITH extended AS ({EXTEND_AND_WRITE_PROGRESS}),
 registered AS (
     INSERT INTO workers (worker_id, hostname, pid, agents, concurrency, in_flight,
-                         memory_bytes, started_at, last_heartbeat_at)
+                         memory_bytes, state, task_ids, started_at, last_heartbeat_at)
     SELECT %(owner)s, %(hostname)s, %(pid)s, %(agents)s::text[], %(concurrency)s,
-           %(in_flight)s, %(memory_bytes)s, {NOW}, {NOW}
+           %(in_flight)s, %(memory_bytes)s, %(state)s, %(ids)s::uuid[], {NOW}, {NOW}
     ON CONFLICT (worker_id) DO UPDATE
     SET last_heartbeat_at = EXCLUDED.last_heartbeat_at, in_flight = EXCLUDED.in_flight,
-        memory_bytes = EXCLUDED.memory_bytes
+        memory_bytes = EXCLUDED.memory_bytes, state = EXCLUDED.state,
+        task_ids = EXCLUDED.task_ids
 ),
 -- The statement sees workers as it was before: the gap is since the last heartbeat.
 gap AS (
@@ -200,13 +225,21 @@ def heartbeat(
     concurrency: int,
     now: datetime | None,
     memory_bytes: int | None = None,
+    state: str = "idle",
+    progress: Sequence[tuple[float, str] | None] = (),
 ) -> dict[UUID, bool]:
-    """Extend every lease the worker holds and record that the worker is alive.
+    """Extend every lease the worker holds, write the progress reported for them
+    (``progress``: one (fraction, message) or None per held task, in ``held``'s order;
+    empty: none) and record that the worker is alive, in ``state``.
 
     Returns {task id: cancel requested} for the leases still held; a held task
     missing from the answer was lost (expired and reaped, or cancelled).
     """
+    reports = list(progress) or [None] * len(held)
     params = held_params(owner, held, now) | {
+        "fractions": [r[0] if r else None for r in reports],
+        "messages": [r[1] if r else None for r in reports],
+        "state": state,
         "lease_seconds": lease_seconds,
         "hostname": hostname,
         "pid": pid,

@@ -132,7 +132,7 @@ CROSS JOIN LATERAL (
            {_api_time("t.lease_expires_at")} AS lease_expires_at,
            {_api_time("t.cancel_requested_at")} AS cancel_requested_at, t.error_info,
            t.result, t.result_ref, '[]'::json AS omitted, t.idempotency_key, t.trace_id,
-           {_api_time("t.started_at")} AS started_at,
+           t.progress, t.progress_message, {_api_time("t.started_at")} AS started_at,
            {_api_time("t.finished_at")} AS finished_at,
            {_api_time("t.created_at")} AS created_at,
            {_api_time("t.updated_at")} AS updated_at

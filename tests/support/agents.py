@@ -130,3 +130,35 @@ class AnnouncerAgent(Agent):
         messaging.send(self.name, "EchoAgent", "notification", {"task": str(task.id)})
         pubsub.publish(self.name, "announced", {"task": str(task.id)})
         return {}
+
+
+@register
+class ProgressAgent(Agent):
+    """Reports progress the test can watch while the task runs.
+
+    With ``steps`` ([[fraction, message], ...]) it reports each step, then waits for
+    the file ``<cue>.<n>`` (n: the step's index) before the next; the task ends once the
+    last step's file exists. With ``"spin": true`` it reports a new fraction over and
+    over until the file ``<cue>`` exists, and returns how many reports it made."""
+
+    name = "Progress"
+    task_types = ("progress",)
+
+    def handle(self, task: TaskContext) -> dict[str, Any]:
+        import os
+        import time
+
+        cue = task.payload["cue"]
+        deadline = time.monotonic() + 60
+        if task.payload.get("spin"):
+            reports = 0
+            while not os.path.exists(cue) and time.monotonic() < deadline:
+                reports += 1
+                task.progress(reports % 1000 / 1000, f"report {reports}")
+                time.sleep(0.0005)
+            return {"reports": reports}
+        for n, (fraction, message) in enumerate(task.payload["steps"]):
+            task.progress(fraction, message)
+            while not os.path.exists(f"{cue}.{n}") and time.monotonic() < deadline:
+                task.sleep(0.01)
+        return {"steps": len(task.payload["steps"])}
