@@ -112,6 +112,17 @@ else:
         }
     }
 
+# The web server's connections come from a pool (automechanica.web_db_pool), per
+# daphne process: kept open from 2 up to WEB_DB_POOL_MAX_SIZE (10; 0: no pool, a
+# connection per request), a request waiting at most WEB_DB_POOL_TIMEOUT_SECONDS (30)
+# for one when all are in use. Other processes connect as before.
+WEB_DB_POOL_MAX_SIZE = env_int(os.environ, "WEB_DB_POOL_MAX_SIZE", 10)
+WEB_DATABASE_POOL = WEB_DB_POOL_MAX_SIZE and {
+    "min_size": min(2, WEB_DB_POOL_MAX_SIZE),
+    "max_size": WEB_DB_POOL_MAX_SIZE,
+    "timeout": float(os.environ.get("WEB_DB_POOL_TIMEOUT_SECONDS", 30)),
+}
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
