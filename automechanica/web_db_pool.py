@@ -39,4 +39,7 @@ def install() -> bool:
         # A pool's connections are given back, never kept: Django refuses both.
         if not database.get("CONN_MAX_AGE") and "pool" not in options:
             options["pool"] = dict(pool)
+            # The pool checks a connection as a request takes it (an empty query):
+            # one the database dropped (a restart) is replaced, not used and failed.
+            database["CONN_HEALTH_CHECKS"] = True
     return True
