@@ -11,6 +11,7 @@ import dj_database_url
 
 from automechanica.deployment import (
     ONE_YEAR_SECONDS,
+    SettingsRefused,
     csrf_trusted_origins,
     env_bool,
     env_int,
@@ -117,6 +118,8 @@ else:
 # connection per request), a request waiting at most WEB_DB_POOL_TIMEOUT_SECONDS (30)
 # for one when all are in use. Other processes connect as before.
 WEB_DB_POOL_MAX_SIZE = env_int(os.environ, "WEB_DB_POOL_MAX_SIZE", 10)
+if WEB_DB_POOL_MAX_SIZE < 0:
+    raise SettingsRefused(f"WEB_DB_POOL_MAX_SIZE must be 0 or more, not {WEB_DB_POOL_MAX_SIZE}")
 WEB_DATABASE_POOL = WEB_DB_POOL_MAX_SIZE and {
     "min_size": min(2, WEB_DB_POOL_MAX_SIZE),
     "max_size": WEB_DB_POOL_MAX_SIZE,
