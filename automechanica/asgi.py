@@ -8,11 +8,14 @@ from importlib import import_module
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
 
+from automechanica import web_db_pool
 from automechanica.deployment import SettingsRefused
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "automechanica.settings")
-# Django must be set up before anything imports models.
+# Django must be set up before anything imports models; the connection pool is set
+# before Django connects.
 try:
+    web_db_pool.install()
     django_asgi_app = get_asgi_application()
 except SettingsRefused as refused:  # the web server refuses in one line, as manage.py does
     sys.exit(f"automechanica.asgi: {refused}")

@@ -11,6 +11,7 @@ import dj_database_url
 
 from automechanica.deployment import (
     ONE_YEAR_SECONDS,
+    SettingsRefused,
     csrf_trusted_origins,
     env_bool,
     env_int,
@@ -111,6 +112,19 @@ else:
             "NAME": os.environ.get("AUTOMECHANICA_DB_NAME", "automechanica"),
         }
     }
+
+# The web server's connections come from a pool (automechanica.web_db_pool), per
+# daphne process: kept open from 2 up to WEB_DB_POOL_MAX_SIZE (10; 0: no pool, a
+# connection per request), a request waiting at most WEB_DB_POOL_TIMEOUT_SECONDS (30)
+# for one when all are in use. Other processes connect as before.
+WEB_DB_POOL_MAX_SIZE = env_int(os.environ, "WEB_DB_POOL_MAX_SIZE", 10)
+if WEB_DB_POOL_MAX_SIZE < 0:
+    raise SettingsRefused(f"WEB_DB_POOL_MAX_SIZE must be 0 or more, not {WEB_DB_POOL_MAX_SIZE}")
+WEB_DATABASE_POOL = WEB_DB_POOL_MAX_SIZE and {
+    "min_size": min(2, WEB_DB_POOL_MAX_SIZE),
+    "max_size": WEB_DB_POOL_MAX_SIZE,
+    "timeout": float(os.environ.get("WEB_DB_POOL_TIMEOUT_SECONDS", 30)),
+}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -68,9 +68,13 @@ class Subscriber:
             self.closing.set_result(code)
 
 
+def filter_by_workflow(subscribers: list[Subscriber]) -> bool:
+    return any(s.filter.workflow_id for s in subscribers)
+
+
 def workflows_needed(subscribers: list[Subscriber], events: list[Envelope]) -> dict[str, str]:
     """The workflows of the events' tasks, when a subscriber filters by workflow."""
-    if not any(s.filter.workflow_id for s in subscribers):
+    if not filter_by_workflow(subscribers):
         return {}
     return task_workflows({t for e in events if (t := task_of(e))})
 
@@ -136,7 +140,9 @@ class StreamHub:
                 if not events:
                     return
                 subscribers = list(self.subscribers)
-                workflows = await database_sync_to_async(workflows_needed)(subscribers, events)
+                workflows = {}
+                if filter_by_workflow(subscribers):  # else no second trip to a thread
+                    workflows = await database_sync_to_async(workflows_needed)(subscribers, events)
                 for subscriber in subscribers:
                     _offer(subscriber, events, workflows)
                 self.head = events[-1].position

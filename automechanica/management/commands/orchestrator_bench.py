@@ -90,6 +90,8 @@ class Command(BaseCommand):
             before = _lines(access_log)
             time.sleep(options["idle_seconds"])
             idle = _lines(access_log) - before
+            # Requests while idle mean the orchestrator polled: its stream was down.
+            stream_warnings = _lines(tmp / "orchestrator.log", "live stream")
             per_minute = idle * 60 / options["idle_seconds"]
             processes.append(_spawn(tmp, "worker", "manage.py", "runworker", "EchoAgent", cwd=cwd))
             _wait_closed(opened)
@@ -106,6 +108,7 @@ class Command(BaseCommand):
             "mode": "polling (--no-stream)" if options["no_stream"] else "stream",
             "open_workflows": options["open"],
             "idle_requests_per_minute": round(per_minute, 1),
+            "stream_warnings_until_idle_end": stream_warnings,
             "workflows": len(latencies),
             "step_latency_ms_p50": round(statistics.median(latencies), 1),
             "step_latency_ms_p95": round(statistics.quantiles(latencies, n=20)[-1], 1),
