@@ -13,6 +13,7 @@ This module is read by the settings, so it uses nothing of Django's that needs t
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
@@ -68,6 +69,20 @@ def env_int(env: Mapping[str, str], name: str, default: int) -> int:
         return int(value)
     except ValueError:
         raise SettingsRefused(f"{name} must be a whole number, not {value!r}") from None
+
+
+def env_seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    """``name`` read as a finite number of seconds above 0, ``default`` when unset."""
+    value = env.get(name)
+    if value is None or not value.strip():
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (0 < seconds < math.inf):
+        raise SettingsRefused(f"{name} must be a number of seconds above 0, not {value!r}")
+    return seconds
 
 
 def is_deployment(env: Mapping[str, str], debug: bool) -> bool:

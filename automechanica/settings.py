@@ -15,6 +15,7 @@ from automechanica.deployment import (
     csrf_trusted_origins,
     env_bool,
     env_int,
+    env_seconds,
     is_deployment,
     proxy_ssl_header,
     secret_key,
@@ -123,7 +124,7 @@ if WEB_DB_POOL_MAX_SIZE < 0:
 WEB_DATABASE_POOL = WEB_DB_POOL_MAX_SIZE and {
     "min_size": min(2, WEB_DB_POOL_MAX_SIZE),
     "max_size": WEB_DB_POOL_MAX_SIZE,
-    "timeout": float(os.environ.get("WEB_DB_POOL_TIMEOUT_SECONDS", 30)),
+    "timeout": env_seconds(os.environ, "WEB_DB_POOL_TIMEOUT_SECONDS", 30),
 }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

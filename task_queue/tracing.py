@@ -23,6 +23,8 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from task_queue import task_logging
+
 if TYPE_CHECKING:
     from task_queue.execution import Outcome, StopReason
     from task_queue.sql.leasing import ClaimedTask
@@ -86,17 +88,23 @@ def incoming_parent() -> Traceparent | None:
 _NO_PARENT = nullcontext((None, None))
 
 
+def enqueuers_trace(parent: Traceparent | None) -> str | None:
+    """The trace of tasks enqueued naming none: the request's (its ``traceparent``),
+    else that of the task running on this thread (a handler enqueuing more work)."""
+    return parent.trace_id if parent is not None else task_logging.current_trace_id()
+
+
 class NoTracing:
     """The hooks with OpenTelemetry off: nothing recorded, nothing imported."""
 
     def enqueue(self, count: int) -> AbstractContextManager[tuple[str | None, str | None]]:
         """Around an enqueue of ``count`` tasks. Yields the trace of the tasks that
-        name none (the request's) and the trace context to store with them
+        name none (:func:`enqueuers_trace`) and the trace context to store with them
         (``tasks.traceparent``): here the request's, as it came."""
         parent = _incoming.get()
-        if parent is None:
+        if parent is None and task_logging.current_trace_id() is None:
             return _NO_PARENT
-        return nullcontext((parent.trace_id, str(parent)))
+        return nullcontext((enqueuers_trace(parent), parent and str(parent)))
 
     def claim_began(self) -> int:
         """Before a claim statement: its start time for :meth:`claimed`."""

@@ -43,7 +43,13 @@ from opentelemetry.trace import (
 
 from task_queue.execution import Outcome, OutcomeKind, StopReason
 from task_queue.sql.leasing import ClaimedTask
-from task_queue.tracing import NoTracing, Traceparent, incoming_parent, parse_traceparent
+from task_queue.tracing import (
+    NoTracing,
+    Traceparent,
+    enqueuers_trace,
+    incoming_parent,
+    parse_traceparent,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +154,7 @@ class OtelTracing(NoTracing):
         with self.tracer.start_as_current_span(
             "enqueue", context=context, kind=SpanKind.PRODUCER, attributes=attributes
         ) as span:
-            yield parent.trace_id if parent else None, _traceparent(span.get_span_context())
+            yield enqueuers_trace(parent), _traceparent(span.get_span_context())
 
     def claim_began(self) -> int:
         return time.time_ns()

@@ -111,6 +111,15 @@ def test_a_malformed_number_is_refused_in_one_line():
     ]
 
 
+@pytest.mark.parametrize("value", ["soon", "-1", "0", "nan", "inf"])
+def test_a_pool_wait_that_is_not_a_positive_number_is_refused_in_one_line(value):
+    done = manage("check", WEB_DB_POOL_TIMEOUT_SECONDS=value)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"manage.py: WEB_DB_POOL_TIMEOUT_SECONDS must be a number of seconds above 0, not {value!r}"
+    ]
+
+
 @pytest.mark.parametrize(
     "environment",
     [

@@ -6,6 +6,7 @@ waits on files the test creates."""
 from __future__ import annotations
 
 import math
+import os
 import signal
 from datetime import timedelta
 from uuid import uuid4
@@ -164,7 +165,8 @@ def test_a_worker_is_idle_busy_then_draining_then_gone(worker_processes, api, tm
     assert worker_state(worker.pid) == ("idle", [])
     cue = str(tmp_path / "cue")
     task = operations.enqueue("Progress", "progress", {"steps": [[0.5, "half"]], "cue": cue})
-    wait_for(lambda: progress_of(task.id)[0] == TaskStatus.RUNNING, what="the task to start")
+    # Reported (in the worker's memory): the stop signal's heartbeat must write it.
+    wait_for(lambda: os.path.exists(f"{cue}.reported.0"), what="the handler to report")
 
     worker.signal(signal.SIGTERM)
     wait_for(

@@ -105,7 +105,7 @@ def test_the_api_filters_tasks_by_trace(api):
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_what_an_agent_sends_while_running_a_task_carries_its_trace(worker_processes):
+def test_what_an_agent_sends_or_enqueues_while_running_a_task_carries_its_trace(worker_processes):
     worker_processes("Announcer").wait_ready()
     workflow = Workflow.objects.create(name="announcing", trace_id="tr-announce")
     task_id = operations.enqueue("Announcer", "announce", workflow_id=workflow.id).id
@@ -120,6 +120,9 @@ def test_what_an_agent_sends_while_running_a_task_carries_its_trace(worker_proce
     sent = OutboxEvent.objects.get(kind="evt.message.sent.v1", subject_id=str(message.id))
     published = OutboxEvent.objects.get(subject_id=str(publication.id))
     assert sent.trace_id == published.trace_id == "tr-announce"
+    # And a task it enqueues, outside the workflow, joins the trace too.
+    (child,) = Task.objects.filter(payload__announced_by=str(task_id))
+    assert child.workflow_id is None and child.trace_id == "tr-announce"
 
 
 @pytest.mark.django_db

@@ -177,15 +177,26 @@ def _start(pgdata: Path) -> Any:
 def _wait_while_starting(pgdata: Path) -> bool:
     """Wait until a server that runs on ``pgdata`` but does not yet accept
     connections (``postmaster.pid`` says so) is ready. Returns whether one runs."""
-    postmaster_info = _pgserver("utils").PostmasterInfo
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
-    while (info := postmaster_info.read_from_pgdata(pgdata)) is not None and info.is_running():
-        if info.status == "ready":
+    while (status := _postmaster_status(pgdata)) is not None:
+        if status == "ready":
             return True
         if time.monotonic() > deadline:
             raise TimeoutError(f"the embedded database at {pgdata} is still starting")
         time.sleep(0.2)  # the server writes its state to a file, not to a connection
     return False
+
+
+def _postmaster_status(pgdata: Path) -> str | None:
+    """The status ``postmaster.pid`` gives for a running server; None if none runs.
+    The server writes the file in stages at start: one read mid-way is "starting"."""
+    try:
+        info = _pgserver("utils").PostmasterInfo.read_from_pgdata(pgdata)
+    except (AssertionError, ValueError, IndexError, OSError):  # the package asserts 8 lines
+        return "starting"
+    if info is None or not info.is_running():
+        return None
+    return info.status
 
 
 def _write_settings(pgdata: Path) -> None:

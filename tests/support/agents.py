@@ -4,6 +4,7 @@ from typing import Any
 
 from django.db import connection
 
+from task_queue import operations
 from task_queue.agent import Agent, TaskContext
 from task_queue.registry import register
 
@@ -118,8 +119,8 @@ class OnCueAgent(Agent):
 
 @register
 class AnnouncerAgent(Agent):
-    """Sends a message to EchoAgent and publishes ``announced``: what it sends while it
-    runs a task carries the task's trace (agents_app.messaging.traced)."""
+    """Sends a message to EchoAgent, publishes ``announced`` and enqueues an EchoAgent
+    task: what it sends while it runs a task carries the task's trace."""
 
     name = "Announcer"
     task_types = ("announce",)
@@ -129,6 +130,7 @@ class AnnouncerAgent(Agent):
 
         messaging.send(self.name, "EchoAgent", "notification", {"task": str(task.id)})
         pubsub.publish(self.name, "announced", {"task": str(task.id)})
+        operations.enqueue("EchoAgent", "echo", {"announced_by": str(task.id)})
         return {}
 
 
@@ -136,10 +138,11 @@ class AnnouncerAgent(Agent):
 class ProgressAgent(Agent):
     """Reports progress the test can watch while the task runs.
 
-    With ``steps`` ([[fraction, message], ...]) it reports each step, then waits for
-    the file ``<cue>.<n>`` (n: the step's index) before the next; the task ends once the
-    last step's file exists. With ``"spin": true`` it reports a new fraction over and
-    over until the file ``<cue>`` exists, and returns how many reports it made."""
+    With ``steps`` ([[fraction, message], ...]) it reports each step, says so in the
+    file ``<cue>.reported.<n>`` (n: the step's index), then waits for the file
+    ``<cue>.<n>`` before the next; the task ends once the last step's file exists.
+    With ``"spin": true`` it reports a new fraction over and over until the file
+    ``<cue>`` exists, and returns how many reports it made."""
 
     name = "Progress"
     task_types = ("progress",)
@@ -159,6 +162,7 @@ class ProgressAgent(Agent):
             return {"reports": reports}
         for n, (fraction, message) in enumerate(task.payload["steps"]):
             task.progress(fraction, message)
+            open(f"{cue}.reported.{n}", "w").close()
             while not os.path.exists(f"{cue}.{n}") and time.monotonic() < deadline:
                 task.sleep(0.01)
         return {"steps": len(task.payload["steps"])}
