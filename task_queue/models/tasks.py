@@ -5,8 +5,11 @@ from typing import Any
 
 from django.contrib.postgres.functions import RandomUUID
 from django.db import models
+from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Cast, Now
+
+from task_queue.sql.reading import DEAD_LETTER_PAYLOAD_MATCHES
 
 PRIORITY_MIN = 0
 PRIORITY_MAX = 9
@@ -252,6 +255,16 @@ def payload_contains(tasks: models.QuerySet, text: str) -> models.QuerySet:
     keep it to use that index.
     """
     return tasks.alias(payload_text=payload_text()).filter(payload_text__icontains=text)
+
+
+def dead_letter_payload_contains(tasks: models.QuerySet, text: str) -> models.QuerySet:
+    """Those of ``tasks`` in the dead letter (dead or failed) whose payload, as JSON
+    text, contains ``text`` in any case: the rows :func:`payload_contains` finds
+    among them, read from the dead letter's own table of payload text (migration
+    ``queue 0021``), so the cost follows the dead letter's size, not the table's,
+    with or without pg_trgm.
+    """
+    return tasks.filter(id__in=RawSQL(DEAD_LETTER_PAYLOAD_MATCHES, [text]))
 
 
 class TaskEvent(models.TextChoices):

@@ -9,6 +9,14 @@ from uuid import UUID
 
 from task_queue.sql.db import fetch
 
+# The dead letter's tasks whose payload, as JSON text, contains the term in any case:
+# a scan of the compact table of their upper-cased payload text (kept by triggers,
+# migration queue 0021), never of the tasks table. strpos matches the term literally,
+# so its % and _ are plain characters, as in task_queue.models.payload_contains.
+DEAD_LETTER_PAYLOAD_MATCHES = """
+SELECT task_id FROM dead_letter_payloads WHERE strpos(payload_text, upper(%s)) > 0
+"""
+
 # Tasks that reached their final status in the last 15 minutes, per agent: the
 # partial index tasks_finished_idx finds them without reading older tasks.
 RECENT_FINISHED_TASKS = """
