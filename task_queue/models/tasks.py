@@ -264,7 +264,20 @@ def dead_letter_payload_contains(tasks: models.QuerySet, text: str) -> models.Qu
     ``queue 0021``), so the cost follows the dead letter's size, not the table's,
     with or without pg_trgm.
     """
-    return tasks.filter(id__in=RawSQL(DEAD_LETTER_PAYLOAD_MATCHES, [text]))
+    matches = RawSQL(DEAD_LETTER_PAYLOAD_MATCHES, [text], output_field=models.UUIDField())
+    return tasks.filter(id__any=matches)
+
+
+@models.UUIDField.register_lookup
+class AnyOf(models.Lookup):
+    """``field__any=array``: ``field = ANY(array)``, for an array a subquery builds."""
+
+    lookup_name = "any"
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, list]:
+        lhs, lhs_params = self.process_lhs(compiler, connection)
+        rhs, rhs_params = self.process_rhs(compiler, connection)
+        return f"{lhs} = ANY({rhs})", [*lhs_params, *rhs_params]
 
 
 class TaskEvent(models.TextChoices):
