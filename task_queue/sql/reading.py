@@ -9,17 +9,25 @@ from uuid import UUID
 
 from task_queue.sql.db import fetch
 
-# The ids of the dead letter's tasks whose payload, as JSON text, contains the term
-# in any case, found by a scan of the compact table of their upper-cased payload text
-# (kept by triggers, migration queue 0021), never of the tasks table. strpos matches
-# the term literally, so its % and _ are plain characters, as in task_queue.models.
-# payload_contains. An array for `id = ANY(...)`, not `id IN (SELECT ...)`: the
-# planner then reads just the matches by primary key; with a subquery it guessed a
-# third of the dead letter matched and read every dead task's heap row (1.5-5 s at
-# ten million tasks).
+# The dead letter's tasks whose payload, as JSON text, contains the term in any case,
+# found by a scan of the compact table of their upper-cased payload text (kept by
+# triggers, migration queue 0021), never of the tasks table. strpos matches the term
+# literally, so its % and _ are plain characters, as in task_queue.models.
+# payload_contains.
 DEAD_LETTER_PAYLOAD_MATCHES = """
-ARRAY(SELECT task_id FROM dead_letter_payloads WHERE strpos(payload_text, upper(%s)) > 0)
+SELECT task_id FROM dead_letter_payloads WHERE strpos(payload_text, upper(%(text)s)) > 0
+LIMIT %(limit)s
 """
+DEAD_LETTER_PAYLOAD_MATCHING = """
+SELECT task_id FROM dead_letter_payloads WHERE strpos(payload_text, upper(%s)) > 0
+"""
+
+
+def dead_letter_payload_matches(text: str, limit: int) -> list[UUID]:
+    """Up to ``limit`` ids of dead-letter tasks whose payload contains ``text``."""
+    rows = fetch(DEAD_LETTER_PAYLOAD_MATCHES, {"text": text, "limit": limit})
+    return [task_id for (task_id,) in rows]
+
 
 # Tasks that reached their final status in the last 15 minutes, per agent: the
 # partial index tasks_finished_idx finds them without reading older tasks.
