@@ -1,5 +1,5 @@
 """The dead letter's own table of payload text (``dead_letter_payloads``, kept by the
-triggers of migration ``queue 0021``) holds exactly the dead and failed tasks' upper-
+triggers of migration ``queue 0023``) holds exactly the dead and failed tasks' upper-
 cased payload text, whatever path moved them: real workers failing them, revive with
 and without a new payload, cancel, retention, an edit in place, deletes, a TRUNCATE;
 and the dead letter's search over it finds what the search over the tasks finds."""

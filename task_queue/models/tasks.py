@@ -266,7 +266,7 @@ def dead_letter_payload_contains(tasks: models.QuerySet, text: str) -> models.Qu
     """Those of ``tasks`` in the dead letter (dead or failed) whose payload, as JSON
     text, contains ``text`` in any case: the rows :func:`payload_contains` finds
     among them, read from the dead letter's own table of payload text (migration
-    ``queue 0021``) instead of every dead task's heap row, with or without pg_trgm.
+    ``queue 0023``) instead of every dead task's heap row, with or without pg_trgm.
 
     Reads the matches at once (one scan of that table). Up to ``FEW_MATCHES`` of
     them, the query takes just those by primary key (``id = ANY(ids)``); more, and

@@ -11,7 +11,7 @@ from task_queue.sql.db import fetch
 
 # The dead letter's tasks whose payload, as JSON text, contains the term in any case,
 # found by a scan of the compact table of their upper-cased payload text (kept by
-# triggers, migration queue 0021), never of the tasks table. strpos matches the term
+# triggers, migration queue 0023), never of the tasks table. strpos matches the term
 # literally, so its % and _ are plain characters, as in task_queue.models.
 # payload_contains.
 DEAD_LETTER_PAYLOAD_MATCHES = """
