@@ -12,7 +12,7 @@ from django import forms
 from django.db.models import QuerySet
 
 from task_queue import registry
-from task_queue.models import REVIVABLE_STATUSES, Task, payload_contains
+from task_queue.models import REVIVABLE_STATUSES, Task, dead_letter_payload_contains
 
 
 class DeadLetterFilter(forms.Form):
@@ -50,7 +50,7 @@ class DeadLetterFilter(forms.Form):
         if values.get("until"):
             tasks = tasks.filter(finished_at__lt=values["until"])
         if values.get("q"):
-            tasks = payload_contains(tasks, values["q"])
+            tasks = dead_letter_payload_contains(tasks, values["q"])
         return tasks.order_by("-finished_at", "-id")
 
     def as_record(self) -> dict[str, str]:

@@ -23,6 +23,7 @@ from .tasks import (
     TaskHistory,
     TaskStatus,
     Workflow,
+    dead_letter_payload_contains,
     payload_contains,
     payload_text,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "WorkerHeartbeat",
     "WorkerState",
     "Workflow",
+    "dead_letter_payload_contains",
     "payload_contains",
     "payload_text",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 from uuid import UUID
 
@@ -11,7 +12,12 @@ from ninja import Body, Query, Router, Status
 from pydantic import Field
 
 from task_queue import blobs, operations, tracing
-from task_queue.models import REVIVABLE_STATUSES, Task
+from task_queue.models import (
+    REVIVABLE_STATUSES,
+    Task,
+    dead_letter_payload_contains,
+    payload_contains,
+)
 from task_queue.sql import reading
 
 from ..auth import ADMIN, READ, WRITE
@@ -114,11 +120,18 @@ def dead_letter(
     limit: Limit = DEFAULT_PAGE_SIZE,
 ):
     """Dead (attempts exhausted) and failed (non-retryable) tasks, newest first."""
-    return _page(Task.objects.filter(status__in=REVIVABLE_STATUSES), filters, cursor, limit)
+    dead = Task.objects.filter(status__in=REVIVABLE_STATUSES)
+    return _page(dead, filters, cursor, limit, search=dead_letter_payload_contains)
 
 
-def _page(tasks: QuerySet, filters: TaskFilters, cursor: str | None, limit: int) -> dict:
-    tasks = lean(filter_tasks(tasks, filters), LARGE_IN_LISTS)
+def _page(
+    tasks: QuerySet,
+    filters: TaskFilters,
+    cursor: str | None,
+    limit: int,
+    search: Callable[[QuerySet, str], QuerySet] = payload_contains,
+) -> dict:
+    tasks = lean(filter_tasks(tasks, filters, search), LARGE_IN_LISTS)
     items, next_cursor = page(tasks, cursor=cursor, limit=limit)
     return {"items": shown(items, LARGE_IN_LISTS), "next_cursor": next_cursor}
 
@@ -138,7 +151,8 @@ def revive_many(request: HttpRequest, body: BulkReviveRequest):
         ids = body.ids
     else:
         revivable = Task.objects.filter(status__in=REVIVABLE_STATUSES)
-        ids = list(filter_tasks(revivable, body.filters).values_list("id", flat=True))
+        matching = filter_tasks(revivable, body.filters, dead_letter_payload_contains)
+        ids = list(matching.values_list("id", flat=True))
     revived = operations.revive(
         ids,
         actor=request.auth.actor,

@@ -44,6 +44,8 @@ class Command(BaseCommand):
             "overview /": "/",
             "dead letter /dead-letter/": "/dead-letter/",
             "dead letter, payload filter": "/dead-letter/?q=SKU-12",
+            "dead letter, payload filter, rare": "/dead-letter/?q=SKU-12345",
+            "dead letter, payload filter, no match": "/dead-letter/?q=no-such-text",
             "dead letter, agent + error class": (
                 "/dead-letter/?agent=FitmentAgent&error_class=TimeoutError"
             ),
@@ -52,6 +54,7 @@ class Command(BaseCommand):
             "dead letter, task type": "/dead-letter/?task_type=seed:FitmentAgent",
             "dead letter, since": "/dead-letter/?since=2000-01-01T00:00",
             "dead letter count": "/dead-letter/count/?agent=FitmentAgent",
+            "dead letter count, payload filter": "/dead-letter/count/?q=SKU-12",
             "workers /workers/": "/workers/",
             "workflows /workflows/": "/workflows/",
             "reports /reports/daily/": "/reports/daily/",
@@ -69,6 +72,7 @@ class Command(BaseCommand):
                 "GET /api/v1/tasks?status=dead": "/api/v1/tasks?status=dead",
                 "GET /api/v1/dead-letter": "/api/v1/dead-letter",
                 "GET /api/v1/dead-letter, agent": "/api/v1/dead-letter?agent_name=FitmentAgent",
+                "GET /api/v1/dead-letter, payload text": "/api/v1/dead-letter?q=SKU-12",
                 "GET /api/v1/agents": "/api/v1/agents",
                 "GET /api/v1/metrics": "/api/v1/metrics",
                 "Prometheus /metrics": "/metrics",
