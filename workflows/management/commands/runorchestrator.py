@@ -26,6 +26,7 @@ DEMO_DEFINITION = "supplier_onboarding"
 # stop signal), and the wait before connecting again while it is unavailable.
 STREAM_WAIT = 1.0
 RECONNECT_SECONDS = 10.0
+FIRST_RECONNECT_SECONDS = 0.5
 
 
 class Command(BaseCommand):
@@ -151,11 +152,13 @@ class Command(BaseCommand):
 class _Follower:
     """The stream, reconnected when it drops: a connect that could not resume makes
     one polling pass (what changed before it), and while it cannot connect, the loop
-    polls and tries again every ``RECONNECT_SECONDS``."""
+    polls and tries again, after half a second, then twice as long each time up to
+    ``RECONNECT_SECONDS``."""
 
     def __init__(self, stream: EventStream) -> None:
         self.stream = stream
         self.retry_at = 0.0
+        self.backoff = FIRST_RECONNECT_SECONDS
         self.warned = False
 
     def available(self, orchestrator: Orchestrator) -> bool:
@@ -166,13 +169,16 @@ class _Follower:
         try:
             resumed = self.stream.connect()
         except UNAVAILABLE as error:
-            self.retry_at = time.monotonic() + RECONNECT_SECONDS
+            # Soon at first (a server still starting), then every RECONNECT_SECONDS.
+            self.retry_at = time.monotonic() + self.backoff
+            self.backoff = min(self.backoff * 2, RECONNECT_SECONDS)
             if not self.warned:
                 logger.warning("the live stream is unavailable (%s); polling", error)
                 self.warned = True
             return False
         logger.info("following the live stream %s", self.stream.url)
         self.warned = False
+        self.backoff = FIRST_RECONNECT_SECONDS
         if not resumed:
             orchestrator.run_once()
         return True
