@@ -14,7 +14,8 @@ class TransientEchoError(Exception):
 class EchoAgent(Agent):
     """Payload keys that steer it:
 
-    - ``sleep_ms``: sleep that long first (cancellable);
+    - ``sleep_ms``: sleep that long first (cancellable), in tenths, each reported as
+      progress (``task.progress``: the task page's bar moves at each heartbeat);
     - ``fail``: ``"transient"`` (retried) or ``"permanent"`` (fails the task);
     - ``fail_times``: fail only the first N attempts, then succeed.
     """
@@ -28,8 +29,9 @@ class EchoAgent(Agent):
         sleep_ms = payload.get("sleep_ms", 0)
         if isinstance(sleep_ms, bool) or not isinstance(sleep_ms, int | float) or sleep_ms < 0:
             raise InvalidPayload("sleep_ms", "must be a non-negative number")
-        if sleep_ms:
-            task.sleep(sleep_ms / 1000)
+        for tenth in range(1, 11 if sleep_ms else 1):
+            task.sleep(sleep_ms / 10_000)
+            task.progress(tenth / 10, f"slept {tenth * sleep_ms // 10:g} of {sleep_ms:g} ms")
         fail = payload.get("fail")
         if fail is not None:
             if fail not in ("transient", "permanent"):
