@@ -95,6 +95,10 @@ class Worker:
         self._writer = OutcomeWriter(self.id, now, written=self._wake)
         self._listener = Listener(self.agents, self._wake)
         self._process = psutil.Process()  # for the memory the heartbeat reports
+        # Once the worker's row is deleted no heartbeat writes it again (the upsert
+        # would bring back a stale row): the lock orders a heartbeat in flight first.
+        self._registry_lock = threading.Lock()
+        self._deregistered = False
 
     # ------------------------------------------------------------ lifecycle
 
@@ -277,19 +281,10 @@ class Worker:
         flights = self._held_flights()
         progress = [f.unwritten_progress() for f in flights]
         try:
-            alive = leasing.heartbeat(
-                owner=self.id,
-                held=[f.held for f in flights],
-                lease_seconds=self.config.lease_seconds,
-                hostname=socket.gethostname(),
-                pid=os.getpid(),
-                agents=list(self.agents),
-                concurrency=self.config.concurrency,
-                memory_bytes=self._process.memory_info().rss,
-                state=self._state(flights),
-                progress=progress if any(progress) else (),
-                now=self.now(),
-            )
+            with self._registry_lock:
+                if self._deregistered:
+                    return
+                alive = self._write_heartbeat(flights, progress)
         except CONNECTION_ERRORS as error:
             logger.warning("heartbeat failed (%s)", error)
             connection.close()
@@ -305,6 +300,23 @@ class Worker:
                     flight.stop(StopReason.LEASE_LOST)
             elif alive[flight.task.id]:
                 flight.stop(StopReason.CANCEL_REQUESTED)
+
+    def _write_heartbeat(
+        self, flights: list[InFlight], progress: list[tuple[float, str] | None]
+    ) -> dict[UUID, bool]:
+        return leasing.heartbeat(
+            owner=self.id,
+            held=[f.held for f in flights],
+            lease_seconds=self.config.lease_seconds,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            agents=list(self.agents),
+            concurrency=self.config.concurrency,
+            memory_bytes=self._process.memory_info().rss,
+            state=self._state(flights),
+            progress=progress if any(progress) else (),
+            now=self.now(),
+        )
 
     def _fail_timed_out(self, now: float) -> None:
         for flight in self._held_flights():
@@ -344,10 +356,7 @@ class Worker:
         self._listener.stop()
         for _ in range(self.config.concurrency):
             self._work.put(None)
-        try:
-            leasing.delete_worker(self.id)
-        except DatabaseError:
-            logger.exception("could not remove the worker's row")
+        self._deregister()
         connection.close()
 
     def abandon(self) -> None:
@@ -357,6 +366,15 @@ class Worker:
         ``uv run`` delivers two SIGTERMs for one stop)."""
         if flights := self._held_flights():
             self._release(flights)
+        self._deregister()
+
+    def _deregister(self) -> None:
+        """Delete the worker's row, after a heartbeat in flight (5 s at most: a second
+        stop signal must not hang on a database that does not answer)."""
+        locked = self._registry_lock.acquire(timeout=5)
+        self._deregistered = True
+        if locked:
+            self._registry_lock.release()
         try:
             leasing.delete_worker(self.id)
         except DatabaseError:

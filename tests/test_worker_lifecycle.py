@@ -274,3 +274,17 @@ def test_a_monitor_that_fails_stops_the_worker_and_gives_its_tasks_back(monkeypa
     assert (task.status, task.attempts, task.lease_owner) == (TaskStatus.PENDING, 0, None)
     assert events(task_id) == ["released"]
     assert not WorkerRow.objects.filter(worker_id=worker.id).exists()
+
+
+def test_a_heartbeat_after_the_row_is_removed_does_not_bring_it_back():
+    """A second stop signal (``abandon``) removes the worker's row while its monitor
+    still runs: the monitor's next heartbeat must not write the row again (it would
+    show a stale worker until the reaper removed it)."""
+    worker = Worker(WorkerConfig(agents=["EchoAgent"], burst=True))
+    worker._heartbeat()  # as the monitor does
+    assert WorkerRow.objects.filter(worker_id=worker.id).exists()
+
+    worker.abandon()
+    assert not WorkerRow.objects.filter(worker_id=worker.id).exists()
+    worker._heartbeat()
+    assert not WorkerRow.objects.filter(worker_id=worker.id).exists()
