@@ -6,8 +6,6 @@ tests/test_tracing_otel.py."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 
 import pytest
@@ -15,7 +13,7 @@ import pytest
 from task_queue import tracing
 from task_queue.models import Task, Workflow
 from tests.support.api import ECHO
-from tests.support.processes import REPO, manage_env
+from tests.support.processes import run_python_without_otel
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 HEADER = f"00-{TRACE}-00f067aa0ba902b7-01"
@@ -131,16 +129,7 @@ print("seen:", json.dumps({
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_without_otel_configured_nothing_of_opentelemetry_is_imported():
-    env = {name: value for name, value in manage_env().items() if not name.startswith("OTEL_")}
-    env.setdefault("DJANGO_SETTINGS_MODULE", "automechanica.settings")
-    done = subprocess.run(
-        [sys.executable, "-c", NOTHING_IMPORTED, HEADER],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_python_without_otel(NOTHING_IMPORTED, HEADER)
     assert done.returncode == 0, done.stderr
     [seen] = [json.loads(line[5:]) for line in done.stdout.splitlines() if line[:5] == "seen:"]
     assert seen == {"status": "completed", "hooks": "NoTracing", "otel": []}

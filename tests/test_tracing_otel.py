@@ -11,8 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import subprocess
-import sys
 import uuid
 
 import pytest
@@ -31,7 +29,7 @@ from task_queue.models import Task, TaskStatus
 from task_queue.tracing_otel import otel_trace_id, stand_in_root
 from task_queue.worker import Worker, WorkerConfig
 from tests.support.api import ECHO
-from tests.support.processes import REPO, manage_env, run_manage
+from tests.support.processes import manage_env, run_manage, run_python_without_otel
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
@@ -195,15 +193,6 @@ print("hooks:", type(tracing.active).__name__, tracing.active.provider is provid
 
 
 def test_a_tracer_provider_installed_first_turns_tracing_on():
-    env = {name: value for name, value in manage_env().items() if not name.startswith("OTEL_")}
-    env.setdefault("DJANGO_SETTINGS_MODULE", "automechanica.settings")
-    done = subprocess.run(
-        [sys.executable, "-c", PROVIDER_FIRST],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_python_without_otel(PROVIDER_FIRST)
     assert done.returncode == 0, done.stderr
     assert "hooks: OtelTracing True" in done.stdout.splitlines()

@@ -102,7 +102,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
             events = await read(after, limit=BATCH)
             if not events:
                 break
-            workflows = await database_sync_to_async(workflows_needed)([self.subscriber], events)
+            workflows = await workflows_needed([self.subscriber], events)
             for event in events:
                 if self.subscriber.filter.matches(event, workflows):
                     await self.send(text_data=event.to_json().decode())

@@ -68,15 +68,13 @@ class Subscriber:
             self.closing.set_result(code)
 
 
-def filter_by_workflow(subscribers: list[Subscriber]) -> bool:
-    return any(s.filter.workflow_id for s in subscribers)
-
-
-def workflows_needed(subscribers: list[Subscriber], events: list[Envelope]) -> dict[str, str]:
-    """The workflows of the events' tasks, when a subscriber filters by workflow."""
-    if not filter_by_workflow(subscribers):
+async def workflows_needed(subscribers: list[Subscriber], events: list[Envelope]) -> dict[str, str]:
+    """The workflows of the events' tasks, when a subscriber filters by workflow (else
+    no trip to a thread and the database)."""
+    if not any(s.filter.workflow_id for s in subscribers):
         return {}
-    return task_workflows({t for e in events if (t := task_of(e))})
+    tasks = {t for e in events if (t := task_of(e))}
+    return await database_sync_to_async(task_workflows)(tasks)
 
 
 class StreamHub:
@@ -140,9 +138,7 @@ class StreamHub:
                 if not events:
                     return
                 subscribers = list(self.subscribers)
-                workflows = {}
-                if filter_by_workflow(subscribers):  # else no second trip to a thread
-                    workflows = await database_sync_to_async(workflows_needed)(subscribers, events)
+                workflows = await workflows_needed(subscribers, events)
                 for subscriber in subscribers:
                     _offer(subscriber, events, workflows)
                 self.head = events[-1].position

@@ -184,14 +184,16 @@ EXTEND_AND_WRITE_PROGRESS = TASK_LEASE.extend_statement(
 
 # One statement per heartbeat, whatever the worker holds: extend its leases, write
 # its handlers' progress (fenced like any write about a task: a worker that lost a
-# lease writes nothing to that task), and upsert its row in the registry.
+# lease writes nothing to that task), and upsert its row in the registry, whose tasks
+# are the leases it still holds.
 HEARTBEAT = f"""
 WITH extended AS ({EXTEND_AND_WRITE_PROGRESS}),
 registered AS (
     INSERT INTO workers (worker_id, hostname, pid, agents, concurrency, in_flight,
                          memory_bytes, state, task_ids, started_at, last_heartbeat_at)
     SELECT %(owner)s, %(hostname)s, %(pid)s, %(agents)s::text[], %(concurrency)s,
-           %(in_flight)s, %(memory_bytes)s, %(state)s, %(ids)s::uuid[], {NOW}, {NOW}
+           cardinality(still_held.ids), %(memory_bytes)s, %(state)s, still_held.ids, {NOW}, {NOW}
+    FROM (SELECT COALESCE(array_agg(id ORDER BY id), '{{}}') AS ids FROM extended) still_held
     ON CONFLICT (worker_id) DO UPDATE
     SET last_heartbeat_at = EXCLUDED.last_heartbeat_at, in_flight = EXCLUDED.in_flight,
         memory_bytes = EXCLUDED.memory_bytes, state = EXCLUDED.state,
@@ -245,7 +247,6 @@ def heartbeat(
         "pid": pid,
         "agents": list(agents),
         "concurrency": concurrency,
-        "in_flight": len(held),
         "memory_bytes": memory_bytes,
     }
     return dict(fetch(HEARTBEAT, params))

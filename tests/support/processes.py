@@ -33,6 +33,21 @@ def manage_env() -> dict[str, str]:
     }
 
 
+def run_python_without_otel(code: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -c CODE ARGS`` on the test database with no ``OTEL_*`` variable set (so
+    OpenTelemetry is off unless the code turns it on), to its end, output captured."""
+    env = {name: value for name, value in manage_env().items() if not name.startswith("OTEL_")}
+    env.setdefault("DJANGO_SETTINGS_MODULE", "automechanica.settings")
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def run_manage(
     *args: str, timeout: float = 120, env: dict[str, str] | None = None, **options: Any
 ) -> subprocess.CompletedProcess:
