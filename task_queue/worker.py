@@ -136,14 +136,14 @@ class Worker:
 
     def _fetch_loop(self) -> None:
         backoff = Backoff()
-        relaxed = False  # this thread's connection commits claims without a WAL flush
+        prepared = False  # this thread's connection has the claim session's settings
         while not self._stopping.is_set():
             self._wake.clear()
             free = self._free_slots()
             try:
-                if not relaxed:
-                    leasing.relax_commit_durability()
-                    relaxed = True
+                if not prepared:
+                    leasing.prepare_claim_session()
+                    prepared = True
                 claimed = self._claim_and_dispatch(free) if free else 0
                 if free and claimed == free:
                     continue  # there may be more due right now
@@ -155,7 +155,7 @@ class Worker:
                 wait = backoff.next()
                 logger.warning("fetching tasks failed (%s); retrying in %.1f s", error, wait)
                 connection.close()
-                relaxed = False
+                prepared = False
             self._wake.wait(wait)
 
     def _free_slots(self) -> int:
