@@ -87,6 +87,17 @@ def task_progress(workflow_id: UUID) -> tuple[int, int]:
     return fetch(TASK_PROGRESS, {"workflow_id": workflow_id})[0]
 
 
+# An agent's unfinished tasks, from the running totals (task_counts): no scan of tasks.
+UNFINISHED_OF_AGENT = """
+SELECT COALESCE(sum(n), 0)::bigint FROM task_counts
+WHERE agent_name = %(agent)s AND status IN ('pending', 'leased', 'running')
+"""
+
+
+def unfinished_of_agent(agent: str) -> int:
+    return fetch(UNFINISHED_OF_AGENT, {"agent": agent})[0][0]
+
+
 TASK_TIMES = """
 SELECT id, started_at, finished_at FROM tasks WHERE workflow_id = %(workflow_id)s
 """
