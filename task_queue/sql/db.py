@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 from django.db import connection
+from psycopg.types.array import ListBinaryDumper
 
 # The statement's time: inlined rather than joined from a CTE, so the planner can
 # use it as an index bound.
@@ -29,17 +30,21 @@ def fetch(sql: str, params: dict[str, Any]) -> list[tuple]:
 
 def fetch_bound(sql: str, params: dict[str, Any]) -> list[tuple]:
     """``fetch``, with the parameters sent apart from the statement (server-side
-    binding) instead of quoted into its text, as Django's cursors do.
+    binding) instead of quoted into its text, as Django's cursors do, and lists sent
+    as binary arrays.
 
     For a worker's batch statements: quoting their arrays of ids, tokens and results
     took about a fifth of a worker's time during a drain (py-spy), and PostgreSQL then
-    parsed them back out of the text. Same connection, transaction and Django error
-    classes as ``fetch``; no prepared statement, so every run is planned for its own
-    values as before.
+    parsed them back out of the text. Bound as text, psycopg still wrote each list
+    as an array literal in Python, escaping every element: 7 to 10 µs per task for a
+    completion's five arrays, against under 1 µs in binary. Same connection,
+    transaction and Django error classes as ``fetch``; no prepared statement, so every
+    run is planned for its own values as before.
     """
     connection.ensure_connection()
     connection.validate_no_broken_transaction()  # as Django's own cursors do
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        cursor.adapters.register_dumper(list, ListBinaryDumper)
         cursor.execute(sql, params)
         return cursor.fetchall()
 
