@@ -56,6 +56,8 @@ def test_processes_started_together_share_one_server(embedded_env):
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT current_database()").fetchone()[0] == "shared_check"
         assert conn.execute("SELECT pg_backend_pid() > 0").fetchone()[0]
+        # A new data directory has the server's settings (SERVER_SETTINGS).
+        assert conn.execute("SHOW autovacuum_naptime").fetchone()[0] == "10s"
 
     stop = manage(embedded_env, "embedded_db", "stop")
     assert stop.communicate(timeout=60)[0].strip() == "stopped"

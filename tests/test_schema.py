@@ -60,6 +60,19 @@ def test_tables_and_task_columns_are_named_as_the_spec_says():
     assert {"result", "lease_token", "idempotency_key", "trace_id"} <= columns
 
 
+def test_tasks_are_vacuumed_after_a_fixed_number_of_dead_row_versions():
+    """Not after a fifth of the table: claimed tasks' entries at the head of the lease
+    index are cleaned soon after a burst (migration queue 0024)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reloptions FROM pg_class WHERE oid = 'tasks'::regclass")
+        options = set(cursor.fetchone()[0])
+    assert options >= {
+        "autovacuum_vacuum_scale_factor=0",
+        "autovacuum_vacuum_threshold=50000",
+        "autovacuum_vacuum_cost_delay=0",
+    }
+
+
 def test_pgvector_is_enabled():
     with connection.cursor() as cursor:
         cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
