@@ -190,15 +190,16 @@ class Task(models.Model):
                 condition=models.Q(status__in=FINAL_STATUSES),
                 name="tasks_finished_idx",
             ),
-            # The dead-letter page, newest death first.
+            # The admin's dead-letter section, newest death first (the dashboard's page
+            # and the API read the dead letter's own table, task_queue.models.dead_letter).
             models.Index(
                 fields=["finished_at"],
                 condition=models.Q(status__in=REVIVABLE_STATUSES),
                 name="tasks_dead_letter_idx",
             ),
-            # The dead-letter page's filters (agent, error class, task type) and their
-            # counts, read from the dead and failed tasks alone; a count by agent or
-            # task type reads only the index (once vacuum marked the pages visible).
+            # The admin's dead-letter filters (agent, task type) and their counts, read
+            # from the dead and failed tasks alone; a count by agent or task type reads
+            # only the index (once vacuum marked the pages visible).
             models.Index(
                 "agent_name",
                 KeyTransform("type", "error_info"),
