@@ -17,6 +17,15 @@ from django.db import migrations, models
 # JSON string, which is what the dashboard's filter (`error_info -> 'type'` equal to a
 # JSON string) can match.
 #
+# Indexed for the dead letter's two orders, newest death first (the page) and newest
+# first (the API), which a walk stops early however many rows match, and for the
+# page's filters (agent, error class, task type) and their counts, which an index of
+# its own answers without reading the rows (once vacuum marked their pages visible).
+# An agent's errors are of a few classes: the statistics of the three columns together
+# tell the planner which combinations are rare, so that it reads those few from the
+# filter index instead of walking the order index in hope of an early stop (71 ms for
+# a combination no row has, at ten million tasks, against 0.1 ms).
+#
 # The table is filled again from the dead and failed tasks under the lock on tasks
 # this migration takes (no write, so no trigger, meanwhile), in order of death so the
 # newest-first walk of its index reads its pages in order.
@@ -77,6 +86,10 @@ ORDER BY t.finished_at, t.id;
 
 CREATE INDEX dead_letter_payloads_finished_idx ON dead_letter_payloads (finished_at, task_id);
 CREATE INDEX dead_letter_payloads_created_idx ON dead_letter_payloads (created_at, task_id);
+CREATE INDEX dead_letter_payloads_filter_idx
+    ON dead_letter_payloads (agent_name, error_class, task_type, finished_at);
+CREATE STATISTICS dead_letter_payloads_filter_stats (mcv)
+    ON agent_name, error_class, task_type FROM dead_letter_payloads;
 ANALYZE dead_letter_payloads;
 """
 
@@ -99,6 +112,8 @@ END $$;
 
 DROP INDEX dead_letter_payloads_finished_idx;
 DROP INDEX dead_letter_payloads_created_idx;
+DROP INDEX dead_letter_payloads_filter_idx;
+DROP STATISTICS dead_letter_payloads_filter_stats;
 ALTER TABLE dead_letter_payloads
     {", ".join(f"DROP COLUMN {name}" for name in ADDED.split(", "))};
 """
