@@ -98,8 +98,11 @@ def test_the_search_matches_the_payload_search_in_any_case_and_literally():
 def test_the_dead_letter_is_counted_and_chosen_in_its_own_table():
     make_failed([{"note": note} for note in NOTES])
     page = DeadLetterFilter({"q": "köln", "error_class": "Boom"}).entries()
-    api = filter_tasks(DeadLetterEntry.objects.all(), TaskFilters(q="köln", agent_name="EchoAgent"),
-                       dead_letter_payload_contains)  # fmt: skip
+    api = filter_tasks(
+        DeadLetterEntry.objects.all(),
+        TaskFilters(q="köln", agent_name="EchoAgent"),
+        dead_letter_payload_contains,
+    )
     for search in (page, api):
         assert search.count() == 1
         assert '"tasks"' not in str(search.query)  # no task's row is read to filter
