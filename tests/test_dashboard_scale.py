@@ -72,3 +72,13 @@ def test_dashboard_bench_reports_each_page():
     }
     assert report["tasks"] == 2_000
     assert all(figures["p50"] > 0 for figures in report["milliseconds"].values())
+
+
+def test_dashboard_bench_times_only_the_reads_asked_for():
+    call_command("seed_tasks", count=500, stdout=io.StringIO())
+    out = io.StringIO()
+    call_command("dashboard_bench", repeat=1, json=True, only="payload", stdout=out)
+    names = set(json.loads(out.getvalue())["milliseconds"])
+    assert "dead letter, payload filter, all match" in names
+    assert "GET /api/v1/dead-letter, payload text + agent + status" in names
+    assert all("payload" in name for name in names)

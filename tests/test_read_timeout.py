@@ -32,10 +32,10 @@ def test_a_read_past_the_statement_timeout_is_a_503_and_the_server_goes_on(live_
     secret = token("read")
     session = staff().cookies["sessionid"].value
 
-    # Another session holds the tasks table: every read of it waits, past the limit
-    # (statement_timeout counts time spent waiting for a lock).
+    # Another session holds the tasks table and the dead letter's own: every read of
+    # them waits, past the limit (statement_timeout counts time spent waiting for a lock).
     with psycopg.connect(database_url()) as holder:
-        holder.execute("LOCK TABLE tasks IN ACCESS EXCLUSIVE MODE")
+        holder.execute("LOCK TABLE tasks, dead_letter_payloads IN ACCESS EXCLUSIVE MODE")
 
         status, answer = http("GET", server.url + "/api/v1/tasks?q=SKU", secret)
         assert status == 503, answer

@@ -41,6 +41,7 @@ from task_queue.models import payload_contains
 from .errors import ApiError
 from .schemas import LIST_INLINE_BYTES, TaskFilters
 
+NEWEST_FIRST = ("-created_at", "-id")
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 
@@ -50,8 +51,9 @@ def filter_tasks(
     filters: TaskFilters,
     search: Callable[[QuerySet, str], QuerySet] = payload_contains,
 ) -> QuerySet:
-    """``tasks`` narrowed by every filter given; ``q`` by ``search``: the dead
-    letter's lists pass ``dead_letter_payload_contains``, which reads its own table."""
+    """``tasks`` narrowed by every filter given; ``q`` by ``search``. The dead letter's
+    lists pass its compact table's entries (``DeadLetterEntry``, whose fields have
+    the task's names) and ``dead_letter_payload_contains``."""
     conditions = Q()
     if filters.status:
         conditions &= Q(status__in=filters.status)
@@ -134,13 +136,24 @@ def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
         raise ApiError.invalid("cursor", "is not a cursor this API returned") from None
 
 
-def page(rows: QuerySet, *, cursor: str | None, limit: int) -> tuple[list[Any], str | None]:
-    """One page of ``rows`` (newest first) after ``cursor``, and the next page's cursor."""
-    rows = rows.order_by("-created_at", "-id")
+def page(
+    rows: QuerySet,
+    *,
+    cursor: str | None,
+    limit: int,
+    read: Callable[[QuerySet], QuerySet] | None = None,
+) -> tuple[list[Any], str | None]:
+    """One page of ``rows`` (newest first) after ``cursor``, and the next page's cursor.
+
+    With ``read``, ``rows`` only choose the page (the dead letter's compact entries):
+    ``read`` is given the page's slice of them and returns the rows to show, which
+    have the same ``created_at`` and ``id``; the page is read in one statement."""
+    rows = rows.order_by(*NEWEST_FIRST)
     if cursor:
         created_at, row_id = decode_cursor(cursor)
         rows = rows.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, id__lt=row_id))
-    items = list(rows[: limit + 1])
+    rows = rows[: limit + 1]
+    items = list(read(rows).order_by(*NEWEST_FIRST) if read else rows)
     if len(items) <= limit:
         return items, None
     last = items[limit - 1]

@@ -1,7 +1,9 @@
 """The dead-letter page's filter: a form whose cleaned values narrow a queryset.
 
 The same filter selects the rows shown, the rows a "revive all matching" acts on and
-the count its confirmation states, so the three cannot disagree.
+the count its confirmation states, so the three cannot disagree. It narrows the dead
+letter's compact table (``DeadLetterEntry``), which counts and pages it; a page's
+tasks are then read by key (:class:`DeadLetterRows`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,15 @@ from django import forms
 from django.db.models import QuerySet
 
 from task_queue import registry
-from task_queue.models import REVIVABLE_STATUSES, Task, dead_letter_payload_contains
+from task_queue.models import (
+    DeadLetterEntry,
+    Task,
+    dead_letter_payload_contains,
+    dead_letter_tasks,
+)
+
+# Newest death first, the same in the compact table and in tasks.
+ORDER = ("-finished_at", "-id")
 
 
 class DeadLetterFilter(forms.Form):
@@ -31,27 +41,27 @@ class DeadLetterFilter(forms.Form):
         super().__init__(*args, **kwargs)
         self.fields["agent"].choices = [("", "any agent")] + [(n, n) for n in registry.names()]
 
-    def tasks(self) -> QuerySet[Task]:
-        """Dead and failed tasks matching the valid filters, newest death first."""
-        # The list shows neither payload nor result: they stay in the database.
-        tasks = Task.objects.filter(status__in=REVIVABLE_STATUSES).defer("payload", "result")
+    def entries(self) -> QuerySet[DeadLetterEntry]:
+        """The dead letter's entries (dead and failed tasks) matching the valid
+        filters, newest death first."""
+        entries = DeadLetterEntry.objects.all()
         if self.is_bound and not self.is_valid():
             # Never widen an invalid filter to "everything": match nothing and say why.
-            return tasks.none()
+            return entries.none()
         values = self.cleaned_data if self.is_bound else {}
         if values.get("agent"):
-            tasks = tasks.filter(agent_name=values["agent"])
+            entries = entries.filter(agent_name=values["agent"])
         if values.get("task_type"):
-            tasks = tasks.filter(task_type=values["task_type"])
+            entries = entries.filter(task_type=values["task_type"])
         if values.get("error_class"):
-            tasks = tasks.filter(error_info__type=values["error_class"])
+            entries = entries.filter(error_class=values["error_class"])
         if values.get("since"):
-            tasks = tasks.filter(finished_at__gte=values["since"])
+            entries = entries.filter(finished_at__gte=values["since"])
         if values.get("until"):
-            tasks = tasks.filter(finished_at__lt=values["until"])
+            entries = entries.filter(finished_at__lt=values["until"])
         if values.get("q"):
-            tasks = dead_letter_payload_contains(tasks, values["q"])
-        return tasks.order_by("-finished_at", "-id")
+            entries = dead_letter_payload_contains(entries, values["q"])
+        return entries.order_by(*ORDER)
 
     def as_record(self) -> dict[str, str]:
         """The filter as the operator set it, for the audit log and links."""
@@ -60,3 +70,22 @@ class DeadLetterFilter(forms.Form):
         return {
             name: str(value) for name, value in self.cleaned_data.items() if value not in ("", None)
         }
+
+
+class DeadLetterRows:
+    """Filtered entries as Django's Paginator reads them: counted in the compact table,
+    and a page (a slice) read as tasks, by key, newest death first."""
+
+    def __init__(self, entries: QuerySet[DeadLetterEntry]) -> None:
+        self.entries = entries
+
+    def count(self) -> int:
+        return self.entries.count()
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def __getitem__(self, window: slice) -> list[Task]:
+        # The list shows neither payload nor result: they stay in the database.
+        tasks = dead_letter_tasks(self.entries[window]).defer("payload", "result")
+        return list(tasks.order_by(*ORDER))

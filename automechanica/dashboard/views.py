@@ -26,11 +26,11 @@ from django.views.decorators.http import require_GET, require_POST
 from agents_app.memory import similar_events, task_text
 from task_queue import blobs, operations, registry
 from task_queue.audit import user_actor
-from task_queue.models import OperatorAction, Task, TaskStatus, Workflow
+from task_queue.models import DeadLetterEntry, OperatorAction, Task, TaskStatus, Workflow
 from task_queue.sql import db
 
 from . import fragments
-from .deadletter import DeadLetterFilter
+from .deadletter import DeadLetterFilter, DeadLetterRows
 from .limits import LIMIT_PERMISSION
 from .overview import take_snapshot
 from .traces import trace_context
@@ -109,13 +109,13 @@ def dead_letter_results(request: HttpRequest) -> HttpResponse:
 def dead_letter_count(request: HttpRequest) -> HttpResponse:
     """How many tasks the query's filter matches: live.js refreshes the count with it
     after rows left or arrived."""
-    return HttpResponse(str(DeadLetterFilter(request.GET or None).tasks().count()))
+    return HttpResponse(str(DeadLetterFilter(request.GET or None).entries().count()))
 
 
 def _dead_letter_context(
     request: HttpRequest, form: DeadLetterFilter, page_number: str | int | None
 ) -> dict:
-    page = Paginator(form.tasks(), PAGE_SIZE).get_page(page_number)
+    page = Paginator(DeadLetterRows(form.entries()), PAGE_SIZE).get_page(page_number)
     query = QueryDict(mutable=True)
     query.update(form.as_record())
     return {
@@ -153,8 +153,8 @@ def dead_letter_confirm(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/_dead_letter_confirm.html", context)
 
 
-def _dead_by(form: DeadLetterFilter, confirmed_at: datetime) -> QuerySet[Task]:
-    return form.tasks().filter(finished_at__lte=confirmed_at)
+def _dead_by(form: DeadLetterFilter, confirmed_at: datetime) -> QuerySet[DeadLetterEntry]:
+    return form.entries().filter(finished_at__lte=confirmed_at)
 
 
 @staff_member_required

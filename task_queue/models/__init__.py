@@ -6,6 +6,7 @@ path goes through the named SQL in ``task_queue.sql``.
 """
 
 from .audit import OperatorAction
+from .dead_letter import DeadLetterEntry, dead_letter_payload_contains, dead_letter_tasks
 from .metrics import HISTOGRAM_BOUNDS, RetentionRun, RollupProgress, TaskQueueMetric
 from .schedules import Schedule, ScheduleRun
 from .stream import EventRelayCursor, OutboxEvent
@@ -23,7 +24,6 @@ from .tasks import (
     TaskHistory,
     TaskStatus,
     Workflow,
-    dead_letter_payload_contains,
     payload_contains,
     payload_text,
 )
@@ -50,6 +50,7 @@ __all__ = [
     "PRIORITY_MIN",
     "REVIVABLE_STATUSES",
     "AgentLimits",
+    "DeadLetterEntry",
     "DeadLetterTask",
     "EventRelayCursor",
     "OperatorAction",
@@ -70,6 +71,7 @@ __all__ = [
     "WorkerState",
     "Workflow",
     "dead_letter_payload_contains",
+    "dead_letter_tasks",
     "payload_contains",
     "payload_text",
 ]

@@ -3,22 +3,14 @@
 import uuid
 from typing import Any
 
-from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.functions import RandomUUID
 from django.db import models
-from django.db.models import Value
-from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Cast, Now
-
-from task_queue.sql import reading
 
 PRIORITY_MIN = 0
 PRIORITY_MAX = 9
 MAX_ATTEMPTS_LIMIT = 100
-# The most payload-search matches in the dead letter read by primary key (see
-# dead_letter_payload_contains).
-FEW_MATCHES = 20_000
 
 
 class Priority(models.IntegerChoices):
@@ -198,15 +190,16 @@ class Task(models.Model):
                 condition=models.Q(status__in=FINAL_STATUSES),
                 name="tasks_finished_idx",
             ),
-            # The dead-letter page, newest death first.
+            # The admin's dead-letter section, newest death first (the dashboard's page
+            # and the API read the dead letter's own table, task_queue.models.dead_letter).
             models.Index(
                 fields=["finished_at"],
                 condition=models.Q(status__in=REVIVABLE_STATUSES),
                 name="tasks_dead_letter_idx",
             ),
-            # The dead-letter page's filters (agent, error class, task type) and their
-            # counts, read from the dead and failed tasks alone; a count by agent or
-            # task type reads only the index (once vacuum marked the pages visible).
+            # The admin's dead-letter filters (agent, task type) and their counts, read
+            # from the dead and failed tasks alone; a count by agent or task type reads
+            # only the index (once vacuum marked the pages visible).
             models.Index(
                 "agent_name",
                 KeyTransform("type", "error_info"),
@@ -257,40 +250,10 @@ def payload_contains(tasks: models.QuerySet, text: str) -> models.QuerySet:
     Django writes this ``upper(payload::text) LIKE upper('%text%')``: the expression of
     the trigram index of migration ``queue 0010`` (where the server has pg_trgm), so
     every search of all tasks' payloads (the API's ``q``, the admin) must keep it to
-    use that index. The dead letter's searches use :func:`dead_letter_payload_contains`.
+    use that index. The dead letter's searches use
+    :func:`~task_queue.models.dead_letter.dead_letter_payload_contains`.
     """
     return tasks.alias(payload_text=payload_text()).filter(payload_text__icontains=text)
-
-
-def dead_letter_payload_contains(tasks: models.QuerySet, text: str) -> models.QuerySet:
-    """Those of ``tasks`` in the dead letter (dead or failed) whose payload, as JSON
-    text, contains ``text`` in any case: the rows :func:`payload_contains` finds
-    among them, read from the dead letter's own table of payload text (migration
-    ``queue 0023``) instead of every dead task's heap row, with or without pg_trgm.
-
-    Reads the matches at once (one scan of that table). Up to ``FEW_MATCHES`` of
-    them, the query takes just those by primary key (``id = ANY(ids)``); more, and
-    it joins the table's matches with the tasks (``id IN (SELECT ...)``), which costs
-    what the search over the tasks' payloads cost: a few thousand key lookups are
-    cheaper than reading the whole dead letter, two hundred thousand are not (6.8 s
-    against 1.9 s at ten million tasks, docs/performance.md).
-    """
-    ids = reading.dead_letter_payload_matches(text, limit=FEW_MATCHES + 1)
-    if len(ids) <= FEW_MATCHES:
-        return tasks.filter(id__any=Value(ids, output_field=ArrayField(models.UUIDField())))
-    return tasks.filter(id__in=RawSQL(reading.DEAD_LETTER_PAYLOAD_MATCHING, [text]))
-
-
-@models.UUIDField.register_lookup
-class AnyOf(models.Lookup):
-    """``field__any=array``: ``field = ANY(array)``."""
-
-    lookup_name = "any"
-
-    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, list]:
-        lhs, lhs_params = self.process_lhs(compiler, connection)
-        rhs, rhs_params = self.process_rhs(compiler, connection)
-        return f"{lhs} = ANY({rhs})", [*lhs_params, *rhs_params]
 
 
 class TaskEvent(models.TextChoices):

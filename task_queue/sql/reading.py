@@ -9,26 +9,6 @@ from uuid import UUID
 
 from task_queue.sql.db import fetch
 
-# The dead letter's tasks whose payload, as JSON text, contains the term in any case,
-# found by a scan of the compact table of their upper-cased payload text (kept by
-# triggers, migration queue 0023), never of the tasks table. strpos matches the term
-# literally, so its % and _ are plain characters, as in task_queue.models.
-# payload_contains.
-DEAD_LETTER_PAYLOAD_MATCHES = """
-SELECT task_id FROM dead_letter_payloads WHERE strpos(payload_text, upper(%(text)s)) > 0
-LIMIT %(limit)s
-"""
-DEAD_LETTER_PAYLOAD_MATCHING = """
-SELECT task_id FROM dead_letter_payloads WHERE strpos(payload_text, upper(%s)) > 0
-"""
-
-
-def dead_letter_payload_matches(text: str, limit: int) -> list[UUID]:
-    """Up to ``limit`` ids of dead-letter tasks whose payload contains ``text``."""
-    rows = fetch(DEAD_LETTER_PAYLOAD_MATCHES, {"text": text, "limit": limit})
-    return [task_id for (task_id,) in rows]
-
-
 # Tasks that reached their final status in the last 15 minutes, per agent: the
 # partial index tasks_finished_idx finds them without reading older tasks.
 RECENT_FINISHED_TASKS = """

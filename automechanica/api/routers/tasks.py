@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated
 from uuid import UUID
 
-from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from ninja import Body, Query, Router, Status
 from pydantic import Field
 
 from task_queue import blobs, operations, tracing
 from task_queue.models import (
-    REVIVABLE_STATUSES,
+    DeadLetterEntry,
     Task,
     dead_letter_payload_contains,
-    payload_contains,
+    dead_letter_tasks,
 )
 from task_queue.sql import reading
 
@@ -109,7 +107,9 @@ def list_tasks(
 ):
     """Newest first. Follow ``next_cursor`` for the next page. A large payload or
     result is left out (named in ``omitted``): ``GET /tasks/{id}`` has it."""
-    return _page(Task.objects.all(), filters, cursor, limit)
+    tasks = lean(filter_tasks(Task.objects.all(), filters), LARGE_IN_LISTS)
+    items, next_cursor = page(tasks, cursor=cursor, limit=limit)
+    return {"items": shown(items, LARGE_IN_LISTS), "next_cursor": next_cursor}
 
 
 @router.get("/dead-letter", auth=READ, response={200: TaskPage, **ERROR_RESPONSES})
@@ -120,19 +120,14 @@ def dead_letter(
     limit: Limit = DEFAULT_PAGE_SIZE,
 ):
     """Dead (attempts exhausted) and failed (non-retryable) tasks, newest first."""
-    dead = Task.objects.filter(status__in=REVIVABLE_STATUSES)
-    return _page(dead, filters, cursor, limit, search=dead_letter_payload_contains)
-
-
-def _page(
-    tasks: QuerySet,
-    filters: TaskFilters,
-    cursor: str | None,
-    limit: int,
-    search: Callable[[QuerySet, str], QuerySet] = payload_contains,
-) -> dict:
-    tasks = lean(filter_tasks(tasks, filters, search), LARGE_IN_LISTS)
-    items, next_cursor = page(tasks, cursor=cursor, limit=limit)
+    # Filtered and paged in the dead letter's compact table; the page's tasks by key.
+    entries = filter_tasks(DeadLetterEntry.objects.all(), filters, dead_letter_payload_contains)
+    items, next_cursor = page(
+        entries,
+        cursor=cursor,
+        limit=limit,
+        read=lambda chosen: lean(dead_letter_tasks(chosen), LARGE_IN_LISTS),
+    )
     return {"items": shown(items, LARGE_IN_LISTS), "next_cursor": next_cursor}
 
 
@@ -150,8 +145,8 @@ def revive_many(request: HttpRequest, body: BulkReviveRequest):
     if body.ids is not None:
         ids = body.ids
     else:
-        revivable = Task.objects.filter(status__in=REVIVABLE_STATUSES)
-        matching = filter_tasks(revivable, body.filters, dead_letter_payload_contains)
+        entries = DeadLetterEntry.objects.all()  # the dead letter's compact table
+        matching = filter_tasks(entries, body.filters, dead_letter_payload_contains)
         ids = list(matching.values_list("id", flat=True))
     revived = operations.revive(
         ids,

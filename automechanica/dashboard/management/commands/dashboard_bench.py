@@ -32,6 +32,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--repeat", type=int, default=20, help="renders per page (20)")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
+        parser.add_argument(
+            "--only", default="", help="time only the reads whose name contains this text"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["repeat"] < 1:
@@ -46,6 +49,16 @@ class Command(BaseCommand):
             "dead letter, payload filter": "/dead-letter/?q=SKU-12",
             "dead letter, payload filter, rare": "/dead-letter/?q=SKU-12345",
             "dead letter, payload filter, no match": "/dead-letter/?q=no-such-text",
+            "dead letter, payload filter, all match": "/dead-letter/?q=SKU",
+            "dead letter, payload filter + agent": "/dead-letter/?q=SKU-12&agent=FitmentAgent",
+            "dead letter, payload filter (all) + error class": (
+                "/dead-letter/?q=SKU&error_class=TimeoutError"
+            ),
+            "dead letter, every filter": (
+                "/dead-letter/?q=SKU&agent=FitmentAgent&error_class=TimeoutError"
+                "&task_type=seed:FitmentAgent&since=2000-01-01T00:00&until=2100-01-01T00:00"
+            ),
+            "dead letter, page 40": "/dead-letter/?page=40",
             "dead letter, agent + error class": (
                 "/dead-letter/?agent=FitmentAgent&error_class=TimeoutError"
             ),
@@ -55,6 +68,9 @@ class Command(BaseCommand):
             "dead letter, since": "/dead-letter/?since=2000-01-01T00:00",
             "dead letter count": "/dead-letter/count/?agent=FitmentAgent",
             "dead letter count, payload filter": "/dead-letter/count/?q=SKU-12",
+            "dead letter count, payload filter, all match": "/dead-letter/count/?q=SKU",
+            "dead letter count, error class": "/dead-letter/count/?error_class=TimeoutError",
+            "dead letter count, no filter": "/dead-letter/count/",
             "workers /workers/": "/workers/",
             "workflows /workflows/": "/workflows/",
             "reports /reports/daily/": "/reports/daily/",
@@ -62,9 +78,11 @@ class Command(BaseCommand):
         }
         if dead:
             pages["task page"] = f"/tasks/{dead.id}/"
+        only = options["only"]
         results = {name: self._time(lambda p=path: _get(client, p), options["repeat"])
-                   for name, path in pages.items()}  # fmt: skip
-        results["live snapshot (once a second)"] = self._time(take_snapshot, options["repeat"])
+                   for name, path in pages.items() if only in name}  # fmt: skip
+        if only in "live snapshot (once a second)":
+            results["live snapshot (once a second)"] = self._time(take_snapshot, options["repeat"])
         row, token = create_token(BENCH_USER, "read")
         try:
             endpoints = {
@@ -73,12 +91,22 @@ class Command(BaseCommand):
                 "GET /api/v1/dead-letter": "/api/v1/dead-letter",
                 "GET /api/v1/dead-letter, agent": "/api/v1/dead-letter?agent_name=FitmentAgent",
                 "GET /api/v1/dead-letter, payload text": "/api/v1/dead-letter?q=SKU-12",
+                "GET /api/v1/dead-letter, payload text, all match": "/api/v1/dead-letter?q=SKU",
+                "GET /api/v1/dead-letter, payload text, rare": "/api/v1/dead-letter?q=SKU-12345",
+                "GET /api/v1/dead-letter, payload text, no match": (
+                    "/api/v1/dead-letter?q=no-such-text"
+                ),
+                "GET /api/v1/dead-letter, payload text + agent + status": (
+                    "/api/v1/dead-letter?q=SKU&agent_name=FitmentAgent&status=dead"
+                ),
                 "GET /api/v1/agents": "/api/v1/agents",
                 "GET /api/v1/metrics": "/api/v1/metrics",
                 "Prometheus /metrics": "/metrics",
             }
             api = Client(SERVER_NAME="localhost", HTTP_AUTHORIZATION=f"Bearer {token}")
             for name, path in endpoints.items():
+                if only not in name:
+                    continue
                 results[name] = self._time(lambda p=path: _get(api, p), options["repeat"])
         finally:
             ApiToken.objects.filter(pk=row.pk).update(revoked_at=timezone.now())
