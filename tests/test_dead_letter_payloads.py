@@ -1,5 +1,5 @@
 """The dead letter's compact table (``dead_letter_payloads``, kept by the triggers of
-migrations ``queue 0023`` and ``0024``) holds exactly the dead and failed tasks' upper-
+migrations ``queue 0023`` and ``0025``) holds exactly the dead and failed tasks' upper-
 cased payload text and the columns the dead letter filters and orders by, whatever
 path moved them: real workers failing them, revive with and without a new payload,
 cancel, retention, an edit in place, deletes, a TRUNCATE; the dead letter read from

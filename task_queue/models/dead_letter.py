@@ -1,6 +1,6 @@
 """The dead letter's compact table: one short row per dead or failed task.
 
-``dead_letter_payloads`` (migrations ``queue 0023`` and ``0024``) holds, for each dead
+``dead_letter_payloads`` (migrations ``queue 0023`` and ``0025``) holds, for each dead
 or failed task, its upper-cased payload text and the columns the dead letter filters
 and orders by, kept exact by row triggers on ``tasks`` whose WHEN clause is false for
 every other task. The dead letter (the dashboard's page and count, the API's list and

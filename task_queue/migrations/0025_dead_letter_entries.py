@@ -121,7 +121,7 @@ ALTER TABLE dead_letter_payloads
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("queue", "0023_dead_letter_payloads"),
+        ("queue", "0024_tasks_vacuumed_often"),
     ]
 
     operations = [
