@@ -122,4 +122,12 @@ class Command(BaseCommand):
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        return await relay.run(stop)
+        try:
+            return await relay.run(stop)
+        finally:
+            # Given back while the loop is open: its close() shuts the pipe that carries
+            # signals to it before it removes its handlers, and a signal in between (a
+            # second SIGTERM) printed "Exception ignored when trying to write to the
+            # signal wakeup fd" with a traceback.
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(signum)
