@@ -25,6 +25,7 @@ from django.utils.html import format_html
 
 from . import (
     audit,
+    ids,
     limits,
     operations,
     registry,
@@ -153,7 +154,7 @@ class TaskAdmin(ReadOnlyAdmin):
 
     @admin.display(description="id")
     def short_id(self, task: Task) -> str:
-        return str(task.id)[:8]
+        return ids.short_id(task.id)
 
     @admin.display(description="dashboard")
     def dashboard_link(self, task: Task) -> str:

@@ -32,3 +32,13 @@ def time_ordered_ids(count: int) -> list[UUID]:
     return [
         UUID(int=base | (n >> _RAND_B_BITS) << 64 | (n & mask)) for n in range(start, start + count)
     ]
+
+
+def short_id(value: UUID | str) -> str:
+    """An id in 8 hex digits, for people: its last ones.
+
+    A task id's first digits are the time it was made (UUIDv7), the same for every
+    task of the same minute or so, and a batch's ids count up in their last digits;
+    the first 8, shown before, were one string for a whole page of tasks.
+    """
+    return str(value).replace("-", "")[-8:]

@@ -15,6 +15,7 @@ from django.test import Client
 from django.urls import reverse
 
 from task_queue import operations
+from task_queue.ids import short_id
 from task_queue.models import OperatorAction, PausedAgent, Task, TaskHistory, TaskStatus
 from tests.support.queue import complete_pending, fail_pending, make_failed
 from tests.support.users import staff as new_staff
@@ -285,6 +286,20 @@ def test_api_actions_are_audited_too():
     )
 
 
+def test_the_dead_letter_tells_a_batchs_tasks_apart_by_their_short_ids():
+    # UUIDv7: one batch's ids share their first digits (the time) and count up in
+    # their last; the page showed the first 8, one string for every row.
+    specs = [operations.TaskSpec("EchoAgent", "echo", {"n": n}) for n in range(3)]
+    ids = [task.id for task in operations.enqueue_many(specs)]
+    fail_pending("EchoAgent", retryable=False)
+
+    page = staff().get(reverse("dashboard:dead_letter")).content.decode()
+
+    shown = set(re.findall(r"<code>([0-9a-f]{8})</code>", page))
+    assert len({short_id(task_id) for task_id in ids}) == 3
+    assert {short_id(task_id) for task_id in ids} <= shown
+
+
 def test_admin_lists_and_actions():
     task_id = dead_task()
     admin = User.objects.create_superuser("root", "", "pw")
@@ -300,7 +315,7 @@ def test_admin_lists_and_actions():
         assert client.get(reverse(path)).status_code == 200, path
     assert client.get(reverse("admin:queue_task_change", args=[task_id])).status_code == 200
     search = client.get(reverse("admin:queue_task_changelist"), {"q": str(task_id)})
-    assert str(task_id)[:8] in search.content.decode()
+    assert short_id(task_id) in search.content.decode()
     response = client.post(
         reverse("admin:queue_deadlettertask_changelist"),
         {"action": "revive", "_selected_action": [str(task_id)]},
@@ -317,7 +332,7 @@ def test_admin_offers_no_revive_action_without_the_permission():
     client = Client()
     client.force_login(user)
     page = client.get(reverse("admin:queue_deadlettertask_changelist")).content.decode()
-    assert str(task_id)[:8] in page and 'value="revive"' not in page
+    assert short_id(task_id) in page and 'value="revive"' not in page
     client.post(
         reverse("admin:queue_deadlettertask_changelist"),
         {"action": "revive", "_selected_action": [str(task_id)]},

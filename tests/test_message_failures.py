@@ -18,6 +18,7 @@ from agents_app import messaging, pubsub
 from agents_app.messaging import send
 from agents_app.models import AgentMessage, PublicationDelivery
 from agents_app.sql import messages as messages_sql
+from task_queue.ids import short_id
 from task_queue.models import OperatorAction, OutboxEvent
 from tests.support.api import Api, token
 from tests.support.processes import REPO, manage_env
@@ -229,7 +230,7 @@ def test_the_messages_page_lists_failed_ones_and_revives_with_the_permission(max
     assert "is not failed (any more): not revived" in again
     assert OperatorAction.objects.count() == 2
     audit = operator.get("/audit/").content.decode()
-    assert "Revive messages FitmentAgent" in audit and f"<code>{str(poison)[:8]}</code>" in audit
+    assert "Revive messages FitmentAgent" in audit and f"<code>{short_id(poison)}</code>" in audit
 
 
 def test_a_max_deliveries_below_one_is_refused_at_startup(settings):

@@ -5,7 +5,10 @@ from typing import Any
 
 from django import template
 
+from task_queue import ids
+
 register = template.Library()
+register.filter("short_id", ids.short_id)
 
 
 @register.filter
