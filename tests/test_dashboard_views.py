@@ -57,6 +57,22 @@ def test_task_page_shows_attempts_errors_and_workflow():
     assert staff(username="other").get(f"/tasks/{UUID(int=1)}/").status_code == 404
 
 
+def test_task_page_counts_the_attempt_that_completed_or_runs():
+    # `attempts` counts the attempts that failed; the one that completed, or runs, is
+    # one more (the page said "0 of 3" for a task completed at its first try).
+    (completed,) = [operations.enqueue("EchoAgent", "echo", {}).id]
+    complete_pending("EchoAgent")
+    failed = dead_task()
+    client = staff()
+
+    def attempts(task_id):
+        page = client.get(f"/tasks/{task_id}/").content.decode()
+        return re.search(r"<dd data-attempts>([^<]*)</dd>", page).group(1)
+
+    assert attempts(completed) == "1 of 3"
+    assert attempts(failed) == "1 of 3"
+
+
 def test_overview_shows_counts_throughput_and_workers():
     operations.enqueue("EchoAgent", "echo", {})
     operations.enqueue("EchoAgent", "echo", {})
