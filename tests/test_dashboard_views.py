@@ -361,6 +361,7 @@ def test_an_invalid_filter_matches_nothing_and_acts_on_nothing():
     client = staff(*OPERATOR)
     page = client.get("/dead-letter/", {"since": "not a date"}).content.decode()
     assert "data-filter-errors" in page and str(task_id) not in page
+    assert "the filter is not valid" in page and "Nothing in the dead letter" not in page
     response = client.post("/dead-letter/act/", {"action": "revive", "scope": "all", "since": "x"})
     assert response.status_code == 400
     assert Task.objects.get(id=task_id).status == TaskStatus.FAILED
