@@ -137,9 +137,10 @@ claimed AS (
               t.lease_owner, t.lease_expires_at
 ),
 envelopes AS (
-    INSERT INTO event_outbox (kind, trace_id, causation_id, subject_id, emitted_at,
-                              payload)
-    SELECT 'evt.task.claimed.v1', trace_id, id::text, id::text, {NOW},
+    INSERT INTO event_outbox (message_id, kind, trace_id, causation_id, subject_id,
+                              emitted_at, payload)
+    SELECT envelope_message_id(lease_token, id, 'evt.task.claimed.v1'),
+           'evt.task.claimed.v1', trace_id, id::text, id::text, {NOW},
            jsonb_build_object('task_id', id, 'agent_type', agent_name,
                               'agent_id', lease_owner, 'attempt', attempts + 1,
                               'lease_until', lease_expires_at)
