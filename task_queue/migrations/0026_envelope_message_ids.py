@@ -22,5 +22,7 @@ class Migration(migrations.Migration):
     dependencies = [("queue", "0025_dead_letter_entries")]
 
     operations = [
-        migrations.RunSQL(ENVELOPE_MESSAGE_ID, "DROP FUNCTION envelope_message_id(uuid, uuid, text)")
+        migrations.RunSQL(
+            ENVELOPE_MESSAGE_ID, "DROP FUNCTION envelope_message_id(uuid, uuid, text)"
+        )
     ]
