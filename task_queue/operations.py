@@ -143,9 +143,7 @@ def enqueue_many(
             # (so the collector leaves it alone: task_queue.blobs).
             for row in distinct.values():
                 row["payload"], row["payload_ref"] = blobs.offload(row.pop("payload_json"))
-                row["line"] = enqueue_sql.copy_line(
-                    [row[name] for name in enqueue_sql.INPUT_COLUMNS[1:]]
-                )
+                row["line"] = enqueue_sql.copy_line(row)
             _check_workflows(rows, prefix, indexed)
             results = enqueue_sql.enqueue_tasks(
                 time_ordered_ids(len(rows)), [row["line"] for row in rows],

@@ -27,7 +27,7 @@ from task_queue.models import (
     PRIORITY_MIN,
     Priority,
 )
-from task_queue.operations import MAX_DELAY_SECONDS, MAX_KEY_LENGTH
+from task_queue.operations import MAX_DELAY_SECONDS, MAX_KEY_LENGTH, TaskSpec
 from task_queue.storable import text_problem
 
 # Lists (tasks, dead letter, workflows) carry a large JSON field only up to this many
@@ -121,6 +121,11 @@ class NewTask(StrictBody):
         "with a different request it is refused (409).",
     )
     trace_id: Text | None = None
+
+    def spec(self, **more: Any) -> TaskSpec:
+        """The task for ``enqueue_many``. Its fields as they are: ``model_dump`` would
+        copy each (a tenth of a 1,000-task request's time, measured)."""
+        return TaskSpec(**self.__dict__, **more)
 
 
 class TaskCreate(NewTask):

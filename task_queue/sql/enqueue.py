@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 from uuid import UUID
 
@@ -83,11 +84,18 @@ class EnqueueResult:
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
 
 
-def copy_line(values: Sequence[Any]) -> str:
-    """A row for COPY (text format), without its line end: ``values`` as their
-    ``str``, None as NULL."""
+_input_values = itemgetter(*INPUT_COLUMNS[1:])
+
+
+def copy_line(row: Mapping[str, Any]) -> str:
+    """A row for COPY (text format), without its line end: ``row``'s values of
+    ``INPUT_COLUMNS`` after the id, as their ``str``, None as NULL."""
+    # A list, not a generator: join makes one anyway, and a generator costs more.
     return "\t".join(
-        "\\N" if value is None else str(value).translate(_COPY_ESCAPES) for value in values
+        [
+            "\\N" if value is None else str(value).translate(_COPY_ESCAPES)
+            for value in _input_values(row)
+        ]
     )
 
 

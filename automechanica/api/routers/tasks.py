@@ -31,7 +31,6 @@ from ..schemas import (
     Cursor,
     ReviveRequest,
     TaskBatchOut,
-    TaskCreate,
     TaskCreateBody,
     TaskDetailOut,
     TaskFilters,
@@ -53,10 +52,6 @@ TASK_LINKS = {
 Limit = Annotated[int, Field(ge=1, le=MAX_PAGE_SIZE)]
 # What a list shows in place of a large field (see listing.lean).
 LARGE_IN_LISTS = {"payload": {}, "result": None}
-
-
-def _spec(task: TaskCreate) -> operations.TaskSpec:
-    return operations.TaskSpec(**task.model_dump())
 
 
 def _task(task_id: UUID) -> Task:
@@ -86,7 +81,7 @@ def create_tasks(request: HttpRequest, body: Body[TaskCreateBody]):
 
 def _create_tasks(body: TaskCreateBody) -> HttpResponse | Status:
     if isinstance(body, list):
-        results = operations.enqueue_many([_spec(t) for t in body], prefix="")
+        results = operations.enqueue_many([task.spec() for task in body], prefix="")
         created = sum(r.created for r in results)
         # TaskBatchOut, written by PostgreSQL: up to 1,000 tasks through ORM objects
         # and the response schema cost several times the enqueue itself.
@@ -96,7 +91,7 @@ def _create_tasks(body: TaskCreateBody) -> HttpResponse | Status:
             status=201 if created else 200,
             content_type="application/json; charset=utf-8",
         )
-    result = operations.enqueue_many([_spec(body)], indexed=False)[0]
+    result = operations.enqueue_many([body.spec()], indexed=False)[0]
     return Status(201 if result.created else 200, _task(result.id))
 
 
