@@ -27,8 +27,8 @@ from task_queue.models import (
     PRIORITY_MIN,
     Priority,
 )
-from task_queue.operations import MAX_DELAY_SECONDS, MAX_KEY_LENGTH, TaskSpec
 from task_queue.storable import text_problem
+from task_queue.task_specs import MAX_DELAY_SECONDS, MAX_KEY_LENGTH, TaskSpec
 
 # Lists (tasks, dead letter, workflows) carry a large JSON field only up to this many
 # bytes (automechanica.api.listing.lean): 500 rows stay a few MiB, whatever they hold.
