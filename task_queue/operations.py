@@ -18,7 +18,7 @@ from uuid import UUID
 from django.db import transaction
 
 from task_queue.sql import enqueue as enqueue_sql
-from task_queue.sql import operator
+from task_queue.sql import operator, reading
 
 from . import audit, blobs, registry, task_specs, tracing
 from .ids import time_ordered_ids
@@ -67,8 +67,26 @@ def enqueue_many(
 
     A spec given several times (``[spec] * 1000``) is validated and encoded once.
     """
+    return _enqueue(specs, prefix, indexed, as_api_json=False)[0]
+
+
+def enqueue_many_as_api_json(
+    specs: Sequence[TaskSpec], *, prefix: str = "tasks"
+) -> tuple[list[Enqueued], str]:
+    """:func:`enqueue_many`, and every task (new or found by its key) as the API shows
+    it: one JSON array, in order, written by PostgreSQL (``TASK_AS_API``)."""
+    enqueued, inserted = _enqueue(specs, prefix, True, as_api_json=True)
+    if all(task.created for task in enqueued):
+        return enqueued, inserted
+    # Some exist already: the insert did not write them, so read them all, in order.
+    return enqueued, reading.tasks_as_api_json([task.id for task in enqueued])
+
+
+def _enqueue(
+    specs: Sequence[TaskSpec], prefix: str, indexed: bool, *, as_api_json: bool
+) -> tuple[list[Enqueued], str | None]:
     if not specs:
-        return []
+        return [], "[]" if as_api_json else None
     with tracing.active.enqueue(len(specs)) as (trace, parent):
         distinct: dict[int, dict[str, Any]] = {}
         rows = []
@@ -86,10 +104,10 @@ def enqueue_many(
                 row["payload"], row["payload_ref"] = blobs.offload(row.pop("payload_json"))
                 row["line"] = enqueue_sql.copy_line(row)
             _check_workflows(rows, prefix, indexed)
-            results = enqueue_sql.enqueue_tasks(
+            results, inserted = enqueue_sql.enqueue_tasks(
                 time_ordered_ids(len(rows)), [row["line"] for row in rows],
                 [row["idempotency_key"] for row in rows],
-                trace_id=trace, traceparent=parent,
+                trace_id=trace, traceparent=parent, as_api_json=as_api_json,
             )  # fmt: skip
             for index, (row, result) in enumerate(zip(rows, results, strict=True)):
                 # A task keyed before fingerprints were kept (None) matches any request.
@@ -101,7 +119,7 @@ def enqueue_many(
                     path = f"{prefix}[{index}].idempotency_key" if indexed else "idempotency_key"
                     raise IdempotencyConflict(row["idempotency_key"], result.id, path)
             enqueue_sql.notify_agents([row["agent_name"] for row in distinct.values()])
-        return [Enqueued(result.id, result.created) for result in results]
+        return [Enqueued(result.id, result.created) for result in results], inserted
 
 
 def _check_workflows(rows: list[dict[str, Any]], prefix: str, indexed: bool) -> None:

@@ -18,7 +18,6 @@ from task_queue.models import (
     dead_letter_payload_contains,
     payload_contains,
 )
-from task_queue.sql import reading
 
 from ..auth import ADMIN, READ, WRITE
 from ..errors import ERROR_RESPONSES, ApiError
@@ -81,11 +80,12 @@ def create_tasks(request: HttpRequest, body: Body[TaskCreateBody]):
 
 def _create_tasks(body: TaskCreateBody) -> HttpResponse | Status:
     if isinstance(body, list):
-        results = operations.enqueue_many([task.spec() for task in body], prefix="")
-        created = sum(r.created for r in results)
         # TaskBatchOut, written by PostgreSQL: up to 1,000 tasks through ORM objects
         # and the response schema cost several times the enqueue itself.
-        items = reading.tasks_as_api_json([r.id for r in results])
+        results, items = operations.enqueue_many_as_api_json(
+            [task.spec() for task in body], prefix=""
+        )
+        created = sum(r.created for r in results)
         return HttpResponse(
             f'{{"items": {items}, "created": {created}}}',
             status=201 if created else 200,
