@@ -9,11 +9,8 @@ transaction.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -21,50 +18,14 @@ from uuid import UUID
 from django.db import transaction
 
 from task_queue.sql import enqueue as enqueue_sql
-from task_queue.sql import operator
+from task_queue.sql import operator, reading
 
-from . import audit, blobs, registry, tracing
+from . import audit, blobs, registry, task_specs, tracing
 from .ids import time_ordered_ids
-from .models import (
-    MAX_ATTEMPTS_LIMIT,
-    PRIORITY_MAX,
-    PRIORITY_MIN,
-    OperatorAction,
-    PausedAgent,
-    Priority,
-    Task,
-    Workflow,
-)
-from .storable import storable_json, text_problem
+from .models import OperatorAction, PausedAgent, Task, Workflow
+from .task_specs import InvalidTask, TaskSpec
 
 Kind = OperatorAction.Kind
-
-
-class InvalidTask(ValueError):
-    """A task specification was refused.
-
-    ``field`` names the offending field of the task, ``path`` where it is in the
-    request (``tasks[3].priority``), ``code`` what kind of refusal it is
-    (``invalid``, ``unknown_agent``, ``payload_too_large``, ``workflow_cancelled``).
-    """
-
-    def __init__(
-        self,
-        field: str,
-        message: str,
-        *,
-        index: int | None = None,
-        prefix: str = "tasks",
-        code: str = "invalid",
-        details: dict[str, Any] | None = None,
-    ) -> None:
-        self.path = f"{prefix}[{index}].{field}" if index is not None else field
-        super().__init__(f"{self.path}: {message}")
-        self.field = field
-        self.index = index
-        self.message = message
-        self.code = code
-        self.details = details or {}
 
 
 class IdempotencyConflict(ValueError):
@@ -80,32 +41,10 @@ class IdempotencyConflict(ValueError):
         self.path = path
 
 
-@dataclass
-class TaskSpec:
-    """What a new task is (spec 001 §9 ``createTask``)."""
-
-    agent_name: str
-    task_type: str
-    payload: dict[str, Any] = field(default_factory=dict)
-    priority: int = Priority.MEDIUM
-    max_attempts: int | None = None  # None: the agent's own setting
-    workflow_id: UUID | None = None
-    delay_seconds: float | None = None
-    available_at: datetime | None = None
-    idempotency_key: str | None = None
-    trace_id: str | None = None
-
-
 @dataclass(frozen=True)
 class Enqueued:
     id: UUID
     created: bool  # False: an existing task with the same idempotency key
-
-
-# Longest delay accepted: beyond it a due time is almost surely a unit mistake.
-MAX_DELAY_SECONDS = 366 * 24 * 3600
-# Identifiers are indexed; PostgreSQL cannot index arbitrarily long text.
-MAX_KEY_LENGTH = 200
 
 
 def enqueue(
@@ -128,29 +67,47 @@ def enqueue_many(
 
     A spec given several times (``[spec] * 1000``) is validated and encoded once.
     """
+    return _enqueue(specs, prefix, indexed, as_api_json=False)[0]
+
+
+def enqueue_many_as_api_json(
+    specs: Sequence[TaskSpec], *, prefix: str = "tasks"
+) -> tuple[list[Enqueued], str]:
+    """:func:`enqueue_many`, and every task (new or found by its key) as the API shows
+    it: one JSON array, in order, written by PostgreSQL (``TASK_AS_API``)."""
+    enqueued, inserted = _enqueue(specs, prefix, True, as_api_json=True)
+    if all(task.created for task in enqueued):
+        return enqueued, inserted
+    # Some exist already: the insert did not write them, so read them all, in order.
+    return enqueued, reading.tasks_as_api_json([task.id for task in enqueued])
+
+
+def _enqueue(
+    specs: Sequence[TaskSpec], prefix: str, indexed: bool, *, as_api_json: bool
+) -> tuple[list[Enqueued], str | None]:
     if not specs:
-        return []
+        return [], "[]" if as_api_json else None
     with tracing.active.enqueue(len(specs)) as (trace, parent):
         distinct: dict[int, dict[str, Any]] = {}
         rows = []
         for index, spec in enumerate(specs):
             row = distinct.get(id(spec))
             if row is None:
-                row = distinct[id(spec)] = _validated(spec, index if indexed else None, prefix)
+                row = distinct[id(spec)] = task_specs.validated(
+                    spec, index if indexed else None, prefix
+                )
             rows.append(row)
         with transaction.atomic():
             # Only once every task is valid, in the transaction that references the blob
             # (so the collector leaves it alone: task_queue.blobs).
             for row in distinct.values():
                 row["payload"], row["payload_ref"] = blobs.offload(row.pop("payload_json"))
-                row["line"] = enqueue_sql.copy_line(
-                    [row[name] for name in enqueue_sql.INPUT_COLUMNS[1:]]
-                )
+                row["line"] = enqueue_sql.copy_line(row)
             _check_workflows(rows, prefix, indexed)
-            results = enqueue_sql.enqueue_tasks(
+            results, inserted = enqueue_sql.enqueue_tasks(
                 time_ordered_ids(len(rows)), [row["line"] for row in rows],
                 [row["idempotency_key"] for row in rows],
-                trace_id=trace, traceparent=parent,
+                trace_id=trace, traceparent=parent, as_api_json=as_api_json,
             )  # fmt: skip
             for index, (row, result) in enumerate(zip(rows, results, strict=True)):
                 # A task keyed before fingerprints were kept (None) matches any request.
@@ -162,13 +119,7 @@ def enqueue_many(
                     path = f"{prefix}[{index}].idempotency_key" if indexed else "idempotency_key"
                     raise IdempotencyConflict(row["idempotency_key"], result.id, path)
             enqueue_sql.notify_agents([row["agent_name"] for row in distinct.values()])
-        return [Enqueued(result.id, result.created) for result in results]
-
-
-def check(spec: TaskSpec) -> None:
-    """Raise :class:`InvalidTask` (naming the field) if ``enqueue`` would refuse
-    ``spec``: a schedule checks the task it will enqueue when it is written."""
-    _validated(spec, None, "")
+        return [Enqueued(result.id, result.created) for result in results], inserted
 
 
 def _check_workflows(rows: list[dict[str, Any]], prefix: str, indexed: bool) -> None:
@@ -198,105 +149,6 @@ def _check_workflows(rows: list[dict[str, Any]], prefix: str, indexed: bool) -> 
             )
 
 
-def _validated(spec: TaskSpec, index: int | None, prefix: str) -> dict[str, Any]:
-    def invalid(name: str, message: str, **kwargs: Any) -> InvalidTask:
-        return InvalidTask(name, message, index=index, prefix=prefix, **kwargs)
-
-    try:
-        agent = registry.get(spec.agent_name)
-    except (KeyError, TypeError):
-        known = registry.names()
-        raise invalid(
-            "agent_name",
-            f"unknown agent {spec.agent_name!r}; known: {', '.join(known)}",
-            code="unknown_agent",
-            details={"known_agents": known},
-        ) from None
-    if spec.task_type not in agent.task_types:
-        handled = ", ".join(agent.task_types)
-        raise invalid(
-            "task_type",
-            f"{spec.agent_name} handles {handled}, not {spec.task_type!r}",
-            details={"task_types": list(agent.task_types)},
-        )
-    payload_text = payload_json(spec.payload, invalid)
-    _check_priority(spec.priority, invalid)
-    max_attempts = agent.max_attempts if spec.max_attempts is None else spec.max_attempts
-    if not _is_int(max_attempts) or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
-        raise invalid("max_attempts", f"must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}")
-    if spec.delay_seconds is not None and (
-        isinstance(spec.delay_seconds, bool)
-        or not isinstance(spec.delay_seconds, int | float)
-        or not math.isfinite(spec.delay_seconds)
-        or not 0 <= spec.delay_seconds <= MAX_DELAY_SECONDS
-    ):
-        raise invalid("delay_seconds", f"must be a number of seconds from 0 to {MAX_DELAY_SECONDS}")
-    if spec.available_at is not None and spec.delay_seconds is not None:
-        raise invalid("available_at", "give available_at or delay_seconds, not both")
-    if spec.available_at is not None and (
-        not isinstance(spec.available_at, datetime) or spec.available_at.tzinfo is None
-    ):
-        raise invalid("available_at", "must be a timezone-aware datetime")
-    for name in ("idempotency_key", "trace_id"):
-        value = getattr(spec, name)
-        if value is not None and (
-            not isinstance(value, str)
-            or not 1 <= len(value) <= MAX_KEY_LENGTH
-            or text_problem(value)
-        ):
-            raise invalid(
-                name, f"must be text of 1 to {MAX_KEY_LENGTH} characters that PostgreSQL can store"
-            )
-    row = {
-        "agent_name": spec.agent_name,
-        "task_type": spec.task_type,
-        "payload": spec.payload,
-        "priority": spec.priority,
-        "max_attempts": max_attempts,
-        "workflow_id": str(spec.workflow_id) if spec.workflow_id else None,
-        "delay_seconds": spec.delay_seconds,
-        # In UTC: PostgreSQL refuses the offsets beyond ±15:59 that Python allows.
-        "available_at": spec.available_at.astimezone(UTC).isoformat()
-        if spec.available_at
-        else None,
-        "idempotency_key": spec.idempotency_key,
-        "trace_id": spec.trace_id,
-    }
-    row["idempotency_fingerprint"] = _fingerprint(row) if spec.idempotency_key else None
-    row["payload_json"] = payload_text  # for enqueue_many's blob decision; not stored
-    return row
-
-
-def payload_json(payload: Any, invalid: Callable[..., InvalidTask]) -> str:
-    """``payload`` as JSON text, if the queue can store it; ``invalid(field, message)``
-    makes the error otherwise."""
-    if not isinstance(payload, dict):
-        raise invalid("payload", "must be a JSON object")
-    try:
-        return blobs.check_size(storable_json(payload))
-    except blobs.TooLarge as error:
-        raise invalid(
-            "payload", str(error), code="payload_too_large", details={"limit_bytes": error.limit}
-        ) from None
-    except ValueError as error:
-        raise invalid("payload", str(error)) from None
-
-
-def _check_priority(priority: Any, invalid: Callable[..., InvalidTask]) -> None:
-    if not _is_int(priority) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
-        raise invalid("priority", f"must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}")
-
-
-def _fingerprint(row: dict[str, Any]) -> str:
-    """A hash of everything the request said about the task."""
-    canonical = json.dumps(row, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def run_now(task_id: UUID, *, actor: str, source: str = "python") -> None:
     """Make a pending task due now (one waiting for its retry backoff or its schedule).
 
@@ -321,7 +173,7 @@ def revive(
     left alone.
     """
     ids = list(ids)
-    text = None if payload is None else payload_json(payload, InvalidTask)
+    text = None if payload is None else task_specs.payload_json(payload, InvalidTask)
     with transaction.atomic():
         new_payload, new_ref = _stored(text)
         before = _payloads(ids) if payload is not None else {}
@@ -454,9 +306,9 @@ def update_pending(
     Raises :class:`TaskNotFound`, :class:`TaskNotPending`, or :class:`InvalidTask`
     for a value the queue would not accept at enqueue.
     """
-    text = None if payload is None else payload_json(payload, InvalidTask)
+    text = None if payload is None else task_specs.payload_json(payload, InvalidTask)
     if priority is not None:
-        _check_priority(priority, InvalidTask)
+        task_specs.check_priority(priority, InvalidTask)
     if available_at is not None and available_at.tzinfo is None:
         raise InvalidTask("available_at", "must be a timezone-aware datetime")
     with transaction.atomic():

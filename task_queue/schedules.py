@@ -13,7 +13,7 @@ from uuid import UUID
 
 from django.db import IntegrityError, transaction
 
-from . import audit, operations, schedule_times
+from . import audit, operations, schedule_times, task_specs
 from .models import OperatorAction, Priority, Schedule, ScheduleRun
 from .sql import db
 from .storable import text_problem
@@ -80,7 +80,7 @@ def validated(values: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(values["enabled"], bool):
         raise InvalidSchedule("enabled", "must be true or false")
     try:
-        operations.check(_task_spec(values, key=None))
+        task_specs.check(_task_spec(values, key=None))
     except operations.InvalidTask as error:
         raise InvalidSchedule(
             error.field, error.message, code=error.code, details=error.details

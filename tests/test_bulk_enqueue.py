@@ -4,6 +4,7 @@ Every guarantee of ``enqueue_many`` holds on that path."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import pytest
@@ -11,7 +12,7 @@ from django.db import transaction
 
 from automechanica.api.schemas import TaskOut
 from task_queue.models import OutboxEvent, Task
-from task_queue.operations import TaskSpec, enqueue_many
+from task_queue.operations import TaskSpec, enqueue_many, enqueue_many_as_api_json
 from tests.support.api import ECHO
 from tests.support.queue import claim_and_start, complete_pending, fail_pending
 
@@ -102,3 +103,40 @@ def test_a_batch_answer_shows_each_task_as_its_own_page_does(api):
     assert answer["items"][1]["result"] == {"ok": AWKWARD}
     assert answer["items"][4]["status"] == "failed" and answer["items"][4]["error_info"]
     assert answer["items"][5]["status"] == "running" and answer["items"][5]["lease_owner"]
+
+
+def test_a_batch_of_new_tasks_is_answered_by_its_insert_as_each_page_shows_it(api):
+    """All new: the insert itself writes the answer (its RETURNING), in batch order."""
+    workflow = api.post("/api/v1/workflows", {"name": "w", "open": True}).json()
+    batch = [
+        {**ECHO, "payload": {"text": AWKWARD, "big": 10**30, "x": 0.25}, "priority": 0},
+        {**ECHO, "workflow_id": workflow["id"]},  # the workflow's trace
+        {**ECHO, "available_at": "2031-05-06T07:08:09.123456+02:00", "max_attempts": 7},
+        {**ECHO, "delay_seconds": 1.5, "idempotency_key": AWKWARD, "trace_id": "\\N"},
+    ] + [{**ECHO, "payload": {"n": n}} for n in range(20)]
+    response = api.post("/api/v1/tasks", batch)
+
+    assert response.status_code == 201
+    answer = response.json()
+    assert answer["created"] == len(batch)
+    items = answer["items"]
+    assert [item["payload"].get("n") for item in items[4:]] == list(range(20))
+    assert items[1]["workflow_id"] == workflow["id"]
+    assert items[2]["available_at"] == "2031-05-06T05:08:09.123Z"
+    assert items[3]["idempotency_key"] == AWKWARD
+    assert items[0]["trace_id"] == items[0]["id"].replace("-", "")
+    assert items[1]["trace_id"] == workflow["trace_id"]
+    for item in items:
+        assert list(item) == list(TaskOut.model_fields)
+        page = api.get(f"/api/v1/tasks/{item['id']}").json()
+        assert item == {name: page[name] for name in TaskOut.model_fields}
+
+
+def test_each_answer_holds_only_its_own_batch_within_one_transaction():
+    with transaction.atomic():
+        first, first_json = enqueue_many_as_api_json([TaskSpec("EchoAgent", "echo", {"n": 1})])
+        second, second_json = enqueue_many_as_api_json(
+            [TaskSpec("EchoAgent", "echo", {"n": n}) for n in (2, 3)]
+        )
+    assert [item["id"] for item in json.loads(first_json)] == [str(first[0].id)]
+    assert [item["id"] for item in json.loads(second_json)] == [str(t.id) for t in second]

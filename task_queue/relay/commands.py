@@ -25,14 +25,9 @@ from typing import Any
 from django.conf import settings
 
 from task_queue.models import Task
-from task_queue.operations import (
-    MAX_KEY_LENGTH,
-    IdempotencyConflict,
-    InvalidTask,
-    TaskSpec,
-    enqueue_many,
-)
+from task_queue.operations import IdempotencyConflict, InvalidTask, TaskSpec, enqueue_many
 from task_queue.relay.names import COMMAND_KIND
+from task_queue.task_specs import MAX_KEY_LENGTH
 
 # The task fields a command may set, beyond the agent and task type.
 _OPTIONS = ("priority", "max_attempts", "delay_seconds")

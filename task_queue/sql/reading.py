@@ -117,15 +117,11 @@ def _api_time(column: str) -> str:
     )
 
 
-# Tasks as the API's TaskOut shows them, as one JSON array in the order of ``ids``
-# (an id given twice is there twice): built by PostgreSQL, so answering a batch of
-# 1,000 new tasks makes no Python object per task. tests/test_api_tasks.py compares
-# it with the API's own rendering of each task.
-TASKS_AS_API_JSON = f"""
-SELECT COALESCE(json_agg(shown ORDER BY given.ord), '[]')::text
-FROM unnest(%(ids)s::uuid[]) WITH ORDINALITY AS given(id, ord)
-JOIN tasks t ON t.id = given.id
-CROSS JOIN LATERAL (
+# A task ``t`` as the API's TaskOut shows it, for ``json_agg(shown ...)`` with
+# ``CROSS JOIN LATERAL (TASK_AS_API) AS shown``: built by PostgreSQL, so answering a
+# batch of 1,000 new tasks makes no Python object per task. tests/test_api_tasks.py
+# and tests/test_bulk_enqueue.py compare it with the API's own rendering of each task.
+TASK_AS_API = f"""
     SELECT t.id, t.workflow_id, t.agent_name, t.task_type, t.payload, t.payload_ref,
            t.priority, t.status, t.attempts, t.max_attempts,
            {_api_time("t.available_at")} AS available_at, t.lease_owner,
@@ -136,7 +132,15 @@ CROSS JOIN LATERAL (
            {_api_time("t.finished_at")} AS finished_at,
            {_api_time("t.created_at")} AS created_at,
            {_api_time("t.updated_at")} AS updated_at
-) AS shown
+"""
+
+# Tasks as one JSON array (TASK_AS_API) in the order of ``ids`` (an id given twice is
+# there twice).
+TASKS_AS_API_JSON = f"""
+SELECT COALESCE(json_agg(shown ORDER BY given.ord), '[]')::text
+FROM unnest(%(ids)s::uuid[]) WITH ORDINALITY AS given(id, ord)
+JOIN tasks t ON t.id = given.id
+CROSS JOIN LATERAL ({TASK_AS_API}) AS shown
 """
 
 

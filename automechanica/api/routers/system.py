@@ -12,9 +12,9 @@ from ninja import Path, Router
 from task_queue import limits, registry
 from task_queue.agent import Agent
 from task_queue.models import TaskStatus, Worker
-from task_queue.operations import MAX_KEY_LENGTH
 from task_queue.sql import reading
 from task_queue.stats import queue_stats
+from task_queue.task_specs import MAX_KEY_LENGTH
 
 from ..auth import ADMIN, READ
 from ..errors import ERROR_RESPONSES, ApiError

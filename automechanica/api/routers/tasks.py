@@ -16,7 +16,6 @@ from task_queue.models import (
     dead_letter_payload_contains,
     dead_letter_tasks,
 )
-from task_queue.sql import reading
 
 from ..auth import ADMIN, READ, WRITE
 from ..errors import ERROR_RESPONSES, ApiError
@@ -29,7 +28,6 @@ from ..schemas import (
     Cursor,
     ReviveRequest,
     TaskBatchOut,
-    TaskCreate,
     TaskCreateBody,
     TaskDetailOut,
     TaskFilters,
@@ -51,10 +49,6 @@ TASK_LINKS = {
 Limit = Annotated[int, Field(ge=1, le=MAX_PAGE_SIZE)]
 # What a list shows in place of a large field (see listing.lean).
 LARGE_IN_LISTS = {"payload": {}, "result": None}
-
-
-def _spec(task: TaskCreate) -> operations.TaskSpec:
-    return operations.TaskSpec(**task.model_dump())
 
 
 def _task(task_id: UUID) -> Task:
@@ -84,17 +78,18 @@ def create_tasks(request: HttpRequest, body: Body[TaskCreateBody]):
 
 def _create_tasks(body: TaskCreateBody) -> HttpResponse | Status:
     if isinstance(body, list):
-        results = operations.enqueue_many([_spec(t) for t in body], prefix="")
-        created = sum(r.created for r in results)
         # TaskBatchOut, written by PostgreSQL: up to 1,000 tasks through ORM objects
         # and the response schema cost several times the enqueue itself.
-        items = reading.tasks_as_api_json([r.id for r in results])
+        results, items = operations.enqueue_many_as_api_json(
+            [task.spec() for task in body], prefix=""
+        )
+        created = sum(r.created for r in results)
         return HttpResponse(
             f'{{"items": {items}, "created": {created}}}',
             status=201 if created else 200,
             content_type="application/json; charset=utf-8",
         )
-    result = operations.enqueue_many([_spec(body)], indexed=False)[0]
+    result = operations.enqueue_many([body.spec()], indexed=False)[0]
     return Status(201 if result.created else 200, _task(result.id))
 
 

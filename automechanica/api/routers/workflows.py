@@ -118,7 +118,7 @@ def create_workflow(request: HttpRequest, body: WorkflowCreate):
         )
         specs = [
             # A task without a trace of its own joins the workflow's (enqueue_many).
-            operations.TaskSpec(**task.model_dump(), workflow_id=workflow.id)
+            task.spec(workflow_id=workflow.id)
             for task in body.tasks
         ]
         results = operations.enqueue_many(specs, prefix="tasks")
