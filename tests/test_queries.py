@@ -112,32 +112,18 @@ def test_a_claim_starts_the_task_and_writes_one_claimed_envelope():
     }
 
 
-def test_claimed_and_completed_envelopes_have_message_ids_of_their_own():
-    """Derived from the attempt's lease token, the task and the kind (queue 0026): one
-    per envelope, across the tasks of a batch and the attempts of a task."""
-    ids = [operations.enqueue("EchoAgent", "echo").id for _ in range(3)]
+def test_one_batch_of_failures_takes_base_delays_given_as_int_and_float():
+    ids = [operations.enqueue("EchoAgent", "echo").id for _ in range(2)]
     t0 = datetime.now(UTC) + timedelta(seconds=1)
     claimed = leasing.claim_tasks(
-        owner="host:1", agents=["EchoAgent"], limit=3, lease_seconds=LEASE, now=t0
+        owner="host:1", agents=["EchoAgent"], limit=2, lease_seconds=LEASE, now=t0
     )
-    first = claimed[0]
-    later = t0 + timedelta(seconds=LEASE + 1)
-    reaper.reap_expired_leases(now=later)  # the first attempts expire: all three again
-    again = leasing.claim_tasks(
-        owner="host:1", agents=["EchoAgent"], limit=3, lease_seconds=LEASE, now=later
-    )
-    done = [(t.id, t.lease_token, "{}", None, "") for t in again]
-    assert outcomes_sql.complete_tasks(owner="host:1", done=done, now=later) == set(ids)
-    assert first.lease_token != again[0].lease_token
-
-    envelopes = OutboxEvent.objects.filter(
-        subject_id__in=[str(i) for i in ids],
-        kind__in=["evt.task.claimed.v1", "evt.task.completed.v1"],
-    )
-    message_ids = [e.message_id for e in envelopes]
-    assert len(message_ids) == 9  # three claims twice, three completions
-    assert len(set(message_ids)) == 9
-    assert {m.version for m in message_ids} == {8}
+    failures = [
+        (task.id, task.lease_token, True, delay, '{"type": "Boom"}')
+        for task, delay in zip(claimed, [0.0, 2], strict=True)  # an agent's int delay
+    ]
+    rows = outcomes_sql.fail_tasks(owner="host:1", failures=failures, now=t0)
+    assert {row[0] for row in rows} == set(ids)
 
 
 def test_a_lease_left_by_an_older_worker_before_its_start_counts_no_attempt():

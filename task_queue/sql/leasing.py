@@ -40,13 +40,16 @@ SELECT set_config('synchronous_commit', 'off', false), set_config('enable_sort',
 
 
 def prepare_claim_session() -> None:
-    """Set up this thread's connection for claiming: what it runs is claims and the due
-    time (``next_due_at``).
+    """Set up this thread's connection for claiming. The worker's fetch loop runs
+    claims and the due time (``next_due_at``) on it, and at the end, on the same
+    thread, the release of unfinished tasks and the removal of its row: none of these
+    sorts.
 
     ``synchronous_commit`` off: a claim commits without waiting for the WAL flush. If
     the database crashes and loses one, the task is pending or its lease runs out, the
     worker's fenced outcome write is refused, and the task runs again, as after any
-    crash. Outcomes stay durable.
+    crash. A release lost that way leaves its tasks to the reaper when their leases
+    run out. Outcomes (the outcome writer's own connection) stay durable.
 
     ``enable_sort`` off: each agent's due tasks must come from an ordered scan of
     tasks_pending_lease_idx that stops after the claim's room. Right after a burst of
@@ -137,10 +140,9 @@ claimed AS (
               t.lease_owner, t.lease_expires_at
 ),
 envelopes AS (
-    INSERT INTO event_outbox (message_id, kind, trace_id, causation_id, subject_id,
-                              emitted_at, payload)
-    SELECT envelope_message_id(lease_token, id, 'evt.task.claimed.v1'),
-           'evt.task.claimed.v1', trace_id, id::text, id::text, {NOW},
+    INSERT INTO event_outbox (kind, trace_id, causation_id, subject_id, emitted_at,
+                              payload)
+    SELECT 'evt.task.claimed.v1', trace_id, id::text, id::text, {NOW},
            jsonb_build_object('task_id', id, 'agent_type', agent_name,
                               'agent_id', lease_owner, 'attempt', attempts + 1,
                               'lease_until', lease_expires_at)

@@ -47,10 +47,9 @@ history AS (
 -- The envelope of seed 000, written here rather than by the history trigger, which
 -- leaves completions out (queue 0016): there it cost a completion about a third more.
 envelopes AS (
-    INSERT INTO event_outbox (message_id, kind, trace_id, causation_id, subject_id,
-                              emitted_at, payload)
-    SELECT envelope_message_id(lease_token, id, 'evt.task.completed.v1'),
-           'evt.task.completed.v1', trace_id, id::text, id::text, {NOW},
+    INSERT INTO event_outbox (kind, trace_id, causation_id, subject_id, emitted_at,
+                              payload)
+    SELECT 'evt.task.completed.v1', trace_id, id::text, id::text, {NOW},
            jsonb_build_object(
                'task_id', id, 'agent_type', agent_name, 'task_type', task_type,
                'attempt', attempts + 1, 'agent_id', %(owner)s,
@@ -166,7 +165,8 @@ def fail_tasks(
         "ids": [f[0] for f in failures],
         "tokens": [f[1] for f in failures],
         "retryable": [f[2] for f in failures],
-        "base_delays": [f[3] for f in failures],
+        # float8[]: one list cannot mix the int an agent may give with floats.
+        "base_delays": [float(f[3]) for f in failures],
         "errors": [f[4] for f in failures],
         "now": now,
     }
