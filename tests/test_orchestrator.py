@@ -4,6 +4,7 @@ server, worker and orchestrator processes."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -235,8 +236,14 @@ def workflow_id(process: subprocess.Popen) -> str:
     return process.stdout.readline().strip()
 
 
-def tasks_of(workflow: str, key_part: str = "") -> list[Task]:
-    return list(Task.objects.filter(workflow_id=workflow, idempotency_key__contains=key_part))
+def tasks_of(workflow: str, step: str = "") -> list[Task]:
+    """The workflow's tasks, or those of one step. A step's tasks are keyed
+    ``wf:<run>:<step>[:<index>]``: matched by the whole segment, since a run's hex id
+    may itself start with a step's name (``:b`` matched ``wf:b3…:a``)."""
+    tasks = Task.objects.filter(workflow_id=workflow)
+    if step:
+        tasks = tasks.filter(idempotency_key__regex=rf"^wf:[^:]+:{re.escape(step)}(:|$)")
+    return list(tasks)
 
 
 @pytest.mark.slow
@@ -259,7 +266,7 @@ def test_supplier_onboarding_runs_to_completion_across_an_orchestrator_crash(
     worker_processes("SupplierNormalizationAgent").wait_ready()
     # Normalisation done, the three fitment tasks enqueued, none run (no worker yet):
     # the orchestrator dies here, mid-workflow.
-    wait_for(lambda: len(tasks_of(workflow, ":fitment:")) == 3, what="fitment tasks")
+    wait_for(lambda: len(tasks_of(workflow, "fitment")) == 3, what="fitment tasks")
     first.send_signal(signal.SIGKILL)
     first.wait(10)
 
@@ -326,9 +333,9 @@ def test_an_injected_failure_ends_needs_attention_until_revived(
             return http("GET", f"{server.url}/api/v1/workflows/{workflow}", secret)[1]["status"]
 
         wait_for(lambda: status() == "needs_attention", timeout=60, what="needs_attention")
-        (dead,) = tasks_of(workflow, ":enrich")
+        (dead,) = tasks_of(workflow, "enrich")
         assert dead.status == TaskStatus.DEAD and dead.error_info["type"] == "TransientEchoError"
-        assert tasks_of(workflow, ":publish") == []
+        assert tasks_of(workflow, "publish") == []
 
         # Revived with the failure edited out, it completes and the workflow goes on.
         fixed = {**dead.payload, "fail": None}
@@ -337,7 +344,7 @@ def test_an_injected_failure_ends_needs_attention_until_revived(
         )
         assert revived[0] == 200
         wait_for(lambda: status() == "completed", timeout=60, what="completed after revive")
-        (publish,) = tasks_of(workflow, ":publish")
+        (publish,) = tasks_of(workflow, "publish")
         assert publish.result["published"] == {"in": 3, "out": 3, "rejected": 0}
     finally:
         process.terminate()
@@ -455,7 +462,7 @@ def test_following_the_stream_drives_a_workflow_per_event_and_resumes(live_serve
         # Its tasks, step b's, and closing it (every step has its tasks).
         assert client.requests - before == 3
         assert not Workflow.objects.get(id=workflow).open
-        (b,) = tasks_of(workflow, ":b")
+        (b,) = tasks_of(workflow, "b")
 
         stream.close()  # dropped; step b completes meanwhile
         complete_pending("EchoAgent")
@@ -488,7 +495,7 @@ def test_the_orchestrator_polls_while_the_stream_is_unavailable(live_servers, ca
         loop.start()
         try:
             complete_pending("EchoAgent")  # step a: the next pass enqueues b
-            wait_for(lambda: tasks_of(workflow, ":b"), what="step b, by polling")
+            wait_for(lambda: tasks_of(workflow, "b"), what="step b, by polling")
             wait_for(lambda: not Workflow.objects.get(id=workflow).open, what="closed")
         finally:
             stop.set()

@@ -34,7 +34,7 @@ def test_driving_a_workflow_on_an_event_logs_that_events_task(live_servers, capl
     finally:
         stream.close()
 
-    (a,) = tasks_of(workflow, ":a")
+    (a,) = tasks_of(workflow, "a")
     enqueued = next(r for r in caplog.records if "enqueued 1 task(s)" in r.getMessage())
     fields = (enqueued.task_id, enqueued.trace_id, enqueued.agent, enqueued.attempt)
     assert fields == (str(a.id), a.trace_id, "EchoAgent", 1)
