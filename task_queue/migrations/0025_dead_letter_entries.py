@@ -49,9 +49,11 @@ def values_of(row: str) -> str:
 ADDED = COLUMNS.removeprefix("task_id, payload_text, ")
 UPDATES = ", ".join(f"{name} = EXCLUDED.{name}" for name in COLUMNS.split(", ")[1:])
 
-CARRY_THE_FILTERS = f"""
-LOCK TABLE tasks IN SHARE ROW EXCLUSIVE MODE;
 
+def keep_function(columns: str, values: str, updates: str) -> str:
+    """The row triggers' function (migration 0023), copying ``columns`` from the task
+    (``values``, over ``NEW``) and, on conflict, setting ``updates``."""
+    return f"""
 CREATE OR REPLACE FUNCTION keep_dead_letter_payload() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'DELETE'
@@ -59,12 +61,18 @@ BEGIN
         DELETE FROM dead_letter_payloads WHERE task_id = OLD.id;
     END IF;
     IF TG_OP <> 'DELETE' AND NEW.status IN ('dead', 'failed') THEN
-        INSERT INTO dead_letter_payloads ({COLUMNS})
-        VALUES ({values_of("NEW")})
-        ON CONFLICT (task_id) DO UPDATE SET {UPDATES};
+        INSERT INTO dead_letter_payloads ({columns})
+        VALUES ({values})
+        ON CONFLICT (task_id) DO UPDATE SET {updates};
     END IF;
     RETURN NULL;
-END $$;
+END $$;"""
+
+
+CARRY_THE_FILTERS = f"""
+LOCK TABLE tasks IN SHARE ROW EXCLUSIVE MODE;
+
+{keep_function(COLUMNS, values_of("NEW"), UPDATES)}
 
 TRUNCATE dead_letter_payloads;
 ALTER TABLE dead_letter_payloads
@@ -96,19 +104,7 @@ ANALYZE dead_letter_payloads;
 PAYLOAD_TEXT_ONLY = f"""
 LOCK TABLE tasks IN SHARE ROW EXCLUSIVE MODE;
 
-CREATE OR REPLACE FUNCTION keep_dead_letter_payload() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF TG_OP = 'DELETE'
-       OR (TG_OP = 'UPDATE' AND (NEW.status NOT IN ('dead', 'failed') OR NEW.id <> OLD.id)) THEN
-        DELETE FROM dead_letter_payloads WHERE task_id = OLD.id;
-    END IF;
-    IF TG_OP <> 'DELETE' AND NEW.status IN ('dead', 'failed') THEN
-        INSERT INTO dead_letter_payloads (task_id, payload_text)
-        VALUES (NEW.id, upper(NEW.payload::text))
-        ON CONFLICT (task_id) DO UPDATE SET payload_text = EXCLUDED.payload_text;
-    END IF;
-    RETURN NULL;
-END $$;
+{keep_function("task_id, payload_text", "NEW.id, upper(NEW.payload::text)", "payload_text = EXCLUDED.payload_text")}
 
 DROP INDEX dead_letter_payloads_finished_idx;
 DROP INDEX dead_letter_payloads_created_idx;
