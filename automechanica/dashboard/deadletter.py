@@ -82,9 +82,6 @@ class DeadLetterRows:
     def count(self) -> int:
         return self.entries.count()
 
-    def __len__(self) -> int:
-        return self.count()
-
     def __getitem__(self, window: slice) -> list[Task]:
         # The list shows neither payload nor result: they stay in the database.
         tasks = dead_letter_tasks(self.entries[window]).defer("payload", "result")
