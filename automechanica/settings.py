@@ -158,6 +158,10 @@ QUEUE_SHUTDOWN_GRACE_SECONDS = float(os.environ.get("QUEUE_SHUTDOWN_GRACE_SECOND
 QUEUE_STALE_WORKER_SECONDS = float(
     os.environ.get("QUEUE_STALE_WORKER_SECONDS", 3 * QUEUE_LEASE_SECONDS)
 )
+# A worker's claim is a prepared statement (task_queue.sql.leasing.prepare_claim_session).
+# Off for a connection pooler that cannot keep prepared statements (PgBouncer in
+# transaction mode before 1.21, or without max_prepared_statements).
+QUEUE_PREPARED_STATEMENTS = env_bool(os.environ, "QUEUE_PREPARED_STATEMENTS", True)
 # Metric rollups (task_queue.metrics): a bucket is computed once it ended this long
 # ago (outcomes committing late still land in it), and a first run looks this far back.
 QUEUE_METRICS_GRACE_SECONDS = float(os.environ.get("QUEUE_METRICS_GRACE_SECONDS", 30))

@@ -109,13 +109,18 @@ class Lease:
         """The (id, lease_token) pairs a batch passes as ``%(ids)s`` and ``%(tokens)s``."""
         return f"unnest(%(ids)s::{self.id_type}[], %(tokens)s::uuid[]) AS held(id, lease_token)"
 
-    def fenced_batch(self, alias: str, held: str = "held") -> str:
+    def fenced_batch(self, alias: str, held: str = "held", *, id_array: bool = True) -> str:
         """The row is one of ``held``'s and still held under its token (and
         ``%(owner)s``). ``alias.id = ANY(...)`` lets the primary key drive the lookup:
         without it the planner may walk an index of held leases, which fills with dead
-        entries during a busy drain."""
+        entries during a busy drain.
+
+        ``id_array=False`` leaves that out, for a prepared statement: its generic plan,
+        not knowing the array's length, walked the primary key for the array and
+        compared every row found with every held one. Such a statement must keep the
+        index of held leases out of its plan in some other way."""
         conditions = [
-            f"{alias}.id = ANY(%(ids)s::{self.id_type}[])",
+            *([f"{alias}.id = ANY(%(ids)s::{self.id_type}[])"] if id_array else []),
             f"{alias}.id = {held}.id",
             f"{alias}.{self.token} = {held}.lease_token",
         ]

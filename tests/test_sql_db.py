@@ -47,3 +47,38 @@ def test_it_joins_the_callers_transaction_and_refuses_a_broken_one():
         with pytest.raises(DatabaseError), transaction.atomic(savepoint=False):
             fetch_bound("SELECT 1 / %(zero)s", {"zero": 0})
         fetch_bound("SELECT 1", {})
+
+
+PREPARED = "SELECT count(*) FROM pg_prepared_statements WHERE statement = %(sql)s"
+
+
+def _prepared(sql: str) -> int:
+    return fetch(PREPARED, {"sql": sql})[0][0]
+
+
+def test_a_statement_asked_to_be_prepared_is_and_no_other():
+    hot, cold = "SELECT %(n)s::int + 1", "SELECT %(n)s::int + 2"
+    for _ in range(10):
+        assert fetch_bound(hot, {"n": 1}, prepared=True) == [(2,)]
+        assert fetch_bound(cold, {"n": 1}) == [(3,)]
+        assert fetch(cold, {"n": 1}) == [(3,)]
+    assert _prepared("SELECT $1::int + 1") == 1
+    assert _prepared("SELECT $1::int + 2") == 0
+
+
+def test_a_prepared_statement_survives_a_rolled_back_transaction():
+    sql = "SELECT %(n)s::int * 2"
+    with transaction.atomic():
+        assert fetch_bound(sql, {"n": 2}, prepared=True) == [(4,)]
+        transaction.set_rollback(True)
+    with pytest.raises(DataError), transaction.atomic():
+        fetch_bound("SELECT 1 / %(zero)s::int", {"zero": 0}, prepared=True)
+    assert fetch_bound(sql, {"n": 3}, prepared=True) == [(6,)]
+
+
+def test_prepared_statements_can_be_turned_off_for_a_pooler(settings):
+    settings.QUEUE_PREPARED_STATEMENTS = False
+    sql = "SELECT %(n)s::int - 1"
+    for _ in range(3):
+        assert fetch_bound(sql, {"n": 1}, prepared=True) == [(0,)]
+    assert _prepared("SELECT $1::int - 1") == 0

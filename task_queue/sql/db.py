@@ -10,10 +10,12 @@ database's ``now()``. Tests pass a time to step through backoff without sleeping
 
 from __future__ import annotations
 
+import sys
 from datetime import datetime
 from typing import Any
 
 import psycopg
+from django.conf import settings
 from django.db import connection
 from psycopg.types.array import ListBinaryDumper
 
@@ -28,7 +30,7 @@ def fetch(sql: str, params: dict[str, Any]) -> list[tuple]:
         return cursor.fetchall()
 
 
-def fetch_bound(sql: str, params: dict[str, Any]) -> list[tuple]:
+def fetch_bound(sql: str, params: dict[str, Any], *, prepared: bool = False) -> list[tuple]:
     """``fetch``, with the parameters sent apart from the statement (server-side
     binding) instead of quoted into its text, as Django's cursors do, and lists sent
     as binary arrays.
@@ -38,15 +40,37 @@ def fetch_bound(sql: str, params: dict[str, Any]) -> list[tuple]:
     parsed them back out of the text. Bound as text, psycopg still wrote each list
     as an array literal in Python, escaping every element: 7 to 10 µs per task for a
     completion's five arrays, against under 1 µs in binary. Same connection,
-    transaction and Django error classes as ``fetch``; no prepared statement, so every
-    run is planned for its own values as before.
+    transaction and Django error classes as ``fetch``.
+
+    ``prepared``: run it as a prepared statement (unless ``QUEUE_PREPARED_STATEMENTS``
+    is off), parsed once per connection; after its first runs PostgreSQL may keep one
+    generic plan for it, so write it for a plan that does not depend on its values.
+    Otherwise, and by default, every run is parsed and planned for its own values.
     """
     connection.ensure_connection()
     connection.validate_no_broken_transaction()  # as Django's own cursors do
+    if prepared and settings.QUEUE_PREPARED_STATEMENTS:
+        _allow_prepared_statements(connection.connection)
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.adapters.register_dumper(list, ListBinaryDumper)
-        cursor.execute(sql, params)
+        cursor.execute(sql, params, prepare=prepared)
         return cursor.fetchall()
+
+
+# psycopg prepares a statement once it has run this many times on a connection, or
+# at once when asked to (prepare=True): here, never unasked.
+_ONLY_WHEN_ASKED = sys.maxsize
+
+
+def _allow_prepared_statements(conn: psycopg.Connection) -> None:
+    """Let ``conn`` prepare the statements it is asked to, and no other.
+
+    Django opens connections with psycopg's prepared statements off, so that they work
+    through a pooler that cannot keep them (PgBouncer in transaction mode); such a
+    deployment turns ``QUEUE_PREPARED_STATEMENTS`` off.
+    """
+    if conn.prepare_threshold is None:
+        conn.prepare_threshold = _ONLY_WHEN_ASKED
 
 
 DATABASE_CLOCK = "SELECT clock_timestamp()"

@@ -13,11 +13,12 @@ from task_queue.leases import backoff, held_params
 from task_queue.sql.db import NOW, fetch, fetch_bound
 from task_queue.sql.leasing import FENCED, HELD, TASK_LEASE
 
-# A completion, in one statement: the task, its history row, its evt.task.completed.v1
-# envelope, and what apps above the queue add to every completion
-# (``add_to_completion``). Those are CTEs over `completed` (columns as its RETURNING
-# names them), written with the task or not at all: agents_app adds the AgentEvent
-# and its embedding job (agents_app.sql.memory.EVENTS_OF_COMPLETED_TASKS).
+# A completion, in one prepared statement (task_queue.sql.db.fetch_bound): the task,
+# its history row, its evt.task.completed.v1 envelope, and what apps above the queue
+# add to every completion (``add_to_completion``). Those are CTEs over `completed`
+# (columns as its RETURNING names them), written with the task or not at all:
+# agents_app adds the AgentEvent and its embedding job
+# (agents_app.sql.memory.EVENTS_OF_COMPLETED_TASKS).
 COMPLETE_TASKS_START = f"""
 WITH held AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(results)s::jsonb[],
@@ -30,7 +31,10 @@ completed AS (
         finished_at = {NOW},
         updated_at = {NOW}, {TASK_LEASE.clear()}
     FROM held
-    WHERE {FENCED} AND t.status = 'running'
+    WHERE {TASK_LEASE.fenced_batch("t", id_array=False)}
+      -- IS TRUE: the planner cannot match the index of held leases (status leased or
+      -- running) to it, so each task is looked up by its id, as it should be.
+      AND (t.status = 'running') IS TRUE
     RETURNING t.id, t.workflow_id, t.agent_name, t.task_type, t.attempts, t.started_at,
               t.available_at, t.trace_id, held.lease_token, held.result, held.result_ref,
               held.summary
@@ -100,7 +104,7 @@ def complete_tasks(
         "summaries": [d[4] for d in done],
         "now": now,
     }
-    return {row[0] for row in fetch_bound(complete_statement(), params)}
+    return {row[0] for row in fetch_bound(complete_statement(), params, prepared=True)}
 
 
 FAIL_TASKS = f"""

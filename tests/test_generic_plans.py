@@ -1,0 +1,140 @@
+"""The plans a worker's prepared statements keep. After its first runs PostgreSQL may
+run a prepared statement with one generic plan, made without the parameters' values
+(task_queue.sql.db.fetch_bound): the claim and the completion must still find their
+tasks the cheap way, whatever the values and the statistics."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+
+from task_queue.operations import TaskSpec, enqueue_many
+from task_queue.sql import leasing, outcomes
+from task_queue.sql.db import execute, fetch
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def generic_plans() -> Iterator[None]:
+    """This test's connection makes only generic plans; closed afterwards."""
+    leasing.prepare_claim_session()
+    fetch("SELECT set_config('plan_cache_mode', 'force_generic_plan', false)", {})
+    yield
+    connection.close()
+
+
+def _generic_plan(sql: str, types: dict[str, str], values: dict[str, str]) -> dict[str, Any]:
+    """EXPLAIN (ANALYZE) of ``sql`` run as a prepared statement with a generic plan, in
+    a transaction rolled back afterwards; ``types`` and ``values`` (SQL literals) by
+    parameter name."""
+    names = list(types)
+    text = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", sql)
+    args = ", ".join(values[name] for name in names)
+    # Deallocated before the rollback: psycopg deallocates every prepared statement of
+    # the connection when it sees one.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"PREPARE generic_plan_test ({', '.join(types.values())}) AS {text}")
+        cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE generic_plan_test ({args})")
+        ((plan,),) = cursor.fetchall()
+        cursor.execute("DEALLOCATE generic_plan_test")
+        transaction.set_rollback(True)
+    plan = plan if isinstance(plan, list) else json.loads(plan)
+    return plan[0]["Plan"]
+
+
+def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", ()):
+        yield from _nodes(child)
+
+
+def test_the_generic_claim_takes_due_tasks_from_the_ordered_scan_after_a_burst(generic_plans):
+    # As in test_claim_plan: statistics taken while nothing was pending, then a burst.
+    execute("ALTER TABLE tasks SET (autovacuum_enabled = off)", {})
+    try:
+        enqueue_many([TaskSpec("EchoAgent", "echo")])
+        execute("UPDATE tasks SET status = 'completed', finished_at = now()", {})
+        execute("ANALYZE tasks", {})
+        enqueue_many([TaskSpec("EchoAgent", "echo") for _ in range(20_000)])
+
+        plan = _generic_plan(
+            leasing.CLAIM_TASKS,
+            {
+                "agents": "text[]",
+                "limit": "int",
+                "owner": "text",
+                "lease_seconds": "float8",
+                "now": "timestamptz",
+            },
+            {
+                "agents": "'{EchoAgent}'",
+                "limit": "50",
+                "owner": "'w'",
+                "lease_seconds": "30",
+                "now": "NULL",
+            },
+        )
+    finally:
+        execute("ALTER TABLE tasks RESET (autovacuum_enabled)", {})
+
+    (lock_rows,) = [n for n in _nodes(plan) if n["Node Type"] == "LockRows"]
+    assert [(n["Node Type"], n.get("Index Name")) for n in lock_rows["Plans"]] == [
+        ("Index Scan", "tasks_pending_lease_idx")
+    ]
+    assert lock_rows["Actual Rows"] == 50
+
+
+def test_the_generic_completion_looks_each_task_up_by_its_id(generic_plans):
+    # Statistics taken while nothing was held, then 2,000 tasks held: the index of held
+    # leases looks nearly empty, and in a busy drain it is full of dead entries.
+    execute("ALTER TABLE tasks SET (autovacuum_enabled = off)", {})
+    try:
+        enqueue_many([TaskSpec("EchoAgent", "echo") for _ in range(2_000)])
+        execute("ANALYZE tasks", {})
+        claimed = leasing.claim_tasks(
+            owner="w", agents=["EchoAgent"], limit=2_000, lease_seconds=30, now=None
+        )
+        batch = claimed[:100]
+        ids = "'{" + ",".join(str(t.id) for t in batch) + "}'"
+        tokens = "'{" + ",".join(str(t.lease_token) for t in batch) + "}'"
+
+        plan = _generic_plan(
+            outcomes.complete_statement(),
+            {
+                "owner": "text",
+                "ids": "uuid[]",
+                "tokens": "uuid[]",
+                "results": "jsonb[]",
+                "result_refs": "text[]",
+                "summaries": "text[]",
+                "now": "timestamptz",
+            },
+            {
+                "owner": "'w'",
+                "ids": ids,
+                "tokens": tokens,
+                "results": "array_fill('{}'::jsonb, ARRAY[100])",
+                "result_refs": "array_fill(NULL::text, ARRAY[100])",
+                "summaries": "array_fill('done'::text, ARRAY[100])",
+                "now": "NULL",
+            },
+        )
+    finally:
+        execute("ALTER TABLE tasks RESET (autovacuum_enabled)", {})
+
+    # One primary-key lookup per task of the batch, nothing else read from tasks.
+    (scan,) = [
+        n for n in _nodes(plan) if n.get("Relation Name") == "tasks" and "Scan" in n["Node Type"]
+    ]
+    assert (scan["Node Type"], scan["Index Name"]) == ("Index Scan", "tasks_pkey")
+    assert scan["Actual Loops"] == 100 and scan["Actual Rows"] == 1
+    (update,) = [
+        n for n in _nodes(plan) if n["Node Type"] == "ModifyTable" and n["Relation Name"] == "tasks"
+    ]
+    assert update["Actual Rows"] == 100
