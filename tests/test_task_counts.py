@@ -6,7 +6,9 @@ reaper after a SIGKILL, revive, cancel, run now, retention, deletes, a TRUNCATE.
 from __future__ import annotations
 
 import contextlib
+import json
 from datetime import timedelta
+from unittest.mock import ANY
 
 import pytest
 from django.conf import settings
@@ -16,11 +18,14 @@ from django.db.models import Count
 from django.test import Client
 
 from task_queue import operations, retention, stats
+from task_queue.listen import listening
 from task_queue.models import Task, TaskStatus
 from task_queue.operations import TaskSpec
 from task_queue.sql import counts, db
+from task_queue.sql import outcomes as outcomes_sql
+from task_queue.sql.channels import TASK_CHANGES_CHANNEL
 from tests.support.processes import kill
-from tests.support.queue import complete_pending, fail_pending
+from tests.support.queue import OWNER, claim_and_start, complete_pending, fail_pending
 from tests.support.waiting import wait_for
 
 ACTOR = "counts-test"
@@ -79,6 +84,49 @@ def test_the_totals_follow_every_kind_of_statement():
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # no checks pending at TRUNCATE
         cursor.execute("TRUNCATE tasks CASCADE")
     assert running_totals() == {} == full_count()
+
+
+@pytest.mark.django_db
+def test_a_claim_and_a_completion_count_once_beside_other_changes_in_their_transaction():
+    # In one transaction, with changes after each: every statement counted once.
+    operations.enqueue_many([TaskSpec("EchoAgent", "echo", {"n": n}) for n in range(6)])
+    with transaction.atomic():
+        held = claim_and_start("EchoAgent")
+        Task.objects.filter(id=held[0][0]).update(status=TaskStatus.CANCELLED)
+        assert_exact()
+        done = [(i, token, "{}", None, "done") for i, token in held[1:4]]
+        assert len(outcomes_sql.complete_tasks(owner=OWNER, done=done, now=None)) == 3
+        operations.cancel([held[4][0]], actor=ACTOR)  # running: asked to stop only
+        Task.objects.filter(id=held[5][0]).update(status=TaskStatus.PENDING)
+        assert_exact()
+    assert running_totals() == {
+        ("EchoAgent", "cancelled"): 1,
+        ("EchoAgent", "completed"): 3,
+        ("EchoAgent", "running"): 1,
+        ("EchoAgent", "pending"): 1,
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_and_a_completion_each_tell_the_dashboard_of_their_tasks():
+    task_ids = {e.id for e in operations.enqueue_many([TaskSpec("EchoAgent", "echo")] * 3)}
+    with listening(TASK_CHANGES_CHANNEL) as listener:
+        complete_pending("EchoAgent")  # a claim, then a completion, each committed
+        # Notifications arrive in commit order: everything before this one was sent by
+        # the claim and the completion.
+        db.execute("SELECT pg_notify(%(channel)s, 'end')", {"channel": TASK_CHANGES_CHANNEL})
+        payloads = []
+        for notification in listener.notifies(timeout=10):
+            if notification.payload == "end":
+                break
+            payloads.append(json.loads(notification.payload))
+    assert payloads == [
+        {"tasks": ANY, "more": 0, "left": 0, "arrived": 0},
+        {"tasks": ANY, "more": 0, "left": 0, "arrived": 0},
+    ]
+    claimed, completed = ([tuple(t) for t in payload["tasks"]] for payload in payloads)
+    assert sorted(claimed) == sorted((str(i), "pending", "running") for i in task_ids)
+    assert sorted(completed) == sorted((str(i), "running", "completed") for i in task_ids)
 
 
 @pytest.mark.django_db
