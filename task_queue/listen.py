@@ -5,10 +5,15 @@ Notifications are sent by ``pg_notify`` in the writer's transaction, so they arr
 only for committed changes. A LISTEN needs a connection in autocommit mode that is
 not Django's (Django's is shared with the caller's transactions), opened with
 Django's connection settings.
+
+A listening connection says so in ``channel_listeners`` first (and takes its row
+back when it stops): the busiest notifications, the dashboard's and the event
+stream's, are sent only while someone listens (task_queue.sql.channels).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -17,6 +22,8 @@ from typing import Any
 import psycopg
 from asgiref.sync import sync_to_async
 from django.db import connection
+
+from task_queue.sql.channels import REGISTER_LISTENER, UNREGISTER_LISTENER
 
 
 def connection_params() -> dict[str, Any]:
@@ -39,15 +46,27 @@ def _listen(channel: str) -> str:
 @contextmanager
 def listening(channel: str) -> Iterator[psycopg.Connection]:
     """A connection of its own, listening on ``channel``; read it with ``notifies()``."""
+    listen = _listen(channel)
     with psycopg.connect(**connection_params(), autocommit=True) as conn:
-        conn.execute(_listen(channel))
-        yield conn
+        conn.execute(REGISTER_LISTENER, {"channel": channel})
+        conn.execute(listen)
+        try:
+            yield conn
+        finally:
+            with contextlib.suppress(psycopg.Error):  # a lost connection took its row along
+                conn.execute(UNREGISTER_LISTENER, {"channel": channel})
 
 
 @asynccontextmanager
 async def listening_async(channel: str) -> AsyncIterator[psycopg.AsyncConnection]:
     """``listening`` for asyncio code (the dashboard's hub)."""
+    listen = _listen(channel)
     params = await sync_to_async(connection_params)()
     async with await psycopg.AsyncConnection.connect(**params, autocommit=True) as conn:
-        await conn.execute(_listen(channel))
-        yield conn
+        await conn.execute(REGISTER_LISTENER, {"channel": channel})
+        await conn.execute(listen)
+        try:
+            yield conn
+        finally:
+            with contextlib.suppress(psycopg.Error):
+                await conn.execute(UNREGISTER_LISTENER, {"channel": channel})

@@ -44,6 +44,7 @@ class OutcomeWriter:
         self._unwritten = 0
         self._count_lock = threading.Lock()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._session_prepared = False  # this thread's connection has the writer's settings
         self._thread = threading.Thread(target=self._run, name="outcome-writer", daemon=True)
 
     def start(self) -> None:
@@ -99,6 +100,7 @@ class OutcomeWriter:
                     "writing %d outcomes failed (%s); retrying in %.1f s", len(batch), error, delay
                 )
                 connection.close()
+                self._session_prepared = False
                 time.sleep(delay)
             except DatabaseError as error:
                 if len(batch) > 1:
@@ -124,6 +126,9 @@ class OutcomeWriter:
         self._written_event.set()
 
     def _write(self, batch: list[Outcome]) -> None:
+        if not self._session_prepared:
+            outcomes_sql.prepare_outcome_session()
+            self._session_prepared = True
         by_kind: dict[OutcomeKind, list[Outcome]] = {}
         for outcome in batch:
             by_kind.setdefault(outcome.kind, []).append(outcome)

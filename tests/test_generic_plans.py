@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from django.db import connection, transaction
 
+from task_queue.execution import Outcome, OutcomeKind
 from task_queue.operations import TaskSpec, enqueue_many
+from task_queue.outcomes import OutcomeWriter
 from task_queue.sql import leasing, outcomes
 from task_queue.sql.db import execute, fetch
 
@@ -138,3 +141,47 @@ def test_the_generic_completion_looks_each_task_up_by_its_id(generic_plans):
         n for n in _nodes(plan) if n["Node Type"] == "ModifyTable" and n["Relation Name"] == "tasks"
     ]
     assert update["Actual Rows"] == 100
+
+
+PLANS_OF_PREPARED = """
+SELECT generic_plans, custom_plans FROM pg_prepared_statements
+WHERE statement LIKE %(start)s
+"""
+
+
+def test_a_worker_runs_the_generic_plans_from_the_first_claim_and_completion():
+    # With the statistics of an emptied table, a plan made for the first runs' values
+    # read every task for each completion; the worker's sessions skip those plans. The
+    # fetch loop and the outcome writer have threads, and connections, of their own.
+    enqueue_many([TaskSpec("EchoAgent", "echo") for _ in range(3)])
+    writer = OutcomeWriter("w", lambda: None, written=threading.Event())
+    seen: dict[str, Any] = {}
+
+    def in_thread(name: str, work: Callable[[], Any]) -> Any:
+        def run() -> None:
+            try:
+                seen[name] = work()
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join(30)
+        return seen[name]
+
+    def claim() -> tuple[list, list]:
+        leasing.prepare_claim_session()
+        claimed = leasing.claim_tasks(
+            owner="w", agents=["EchoAgent"], limit=10, lease_seconds=30, now=None
+        )
+        return claimed, fetch(PLANS_OF_PREPARED, {"start": "%WITH limited AS MATERIALIZED%"})
+
+    def complete(claimed: list) -> list:
+        writer._write([Outcome(OutcomeKind.COMPLETED, task, result_json="{}") for task in claimed])
+        return fetch(PLANS_OF_PREPARED, {"start": "%WITH held AS%"})
+
+    claimed, claim_plans = in_thread("claim", claim)
+    completion_plans = in_thread("complete", lambda: complete(claimed))
+
+    assert (claim_plans, completion_plans) == ([(1, 0)], [(1, 0)])
+    assert fetch("SELECT count(*) FROM tasks WHERE status = 'completed'", {}) == [(3,)]

@@ -5,13 +5,31 @@ from __future__ import annotations
 NOTIFY_CHANNEL = "automechanica_tasks"
 
 
-# Every statement that changes tasks (all but lease renewals) notifies here (a
-# trigger, migrations queue 0004 and 0006): {"tasks": [[id, old_status, new_status],
-# ... up to 60, dead-letter moves first], "more": changed tasks beyond those,
-# "left": tasks that left the dead letter, "arrived": tasks that entered it}.
-# The dashboard listens.
+# Every statement that changes tasks (all but lease renewals) notifies here while
+# someone listens (a trigger, migrations queue 0004, 0006 and 0026): {"tasks": [[id,
+# old_status, new_status], ... up to 60, dead-letter moves first], "more": changed
+# tasks beyond those, "left": tasks that left the dead letter, "arrived": tasks that
+# entered it}. The dashboard listens while a page is open.
 TASK_CHANGES_CHANNEL = "automechanica_task_changes"
 
 # Every transaction that writes envelopes into event_outbox notifies here, once, with
-# an empty payload (a trigger, migration queue 0019). The API's stream hub listens.
+# an empty payload, while someone listens (a trigger, migrations queue 0019 and 0026).
+# The API's stream hub listens while a stream is open.
 EVENTS_CHANNEL = "automechanica_events"
+
+# Who listens on which channel (table channel_listeners, migration queue 0026): a
+# listening connection's row, written before it listens, with the rows of connections
+# that ended without deleting theirs swept away; the triggers above notify only while
+# their channel has one.
+REGISTER_LISTENER = """
+WITH gone AS (
+    DELETE FROM channel_listeners l
+    WHERE NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = l.backend_pid)
+)
+INSERT INTO channel_listeners (channel, backend_pid)
+VALUES (%(channel)s, pg_backend_pid())
+ON CONFLICT (channel, backend_pid) DO NOTHING
+"""
+UNREGISTER_LISTENER = """
+DELETE FROM channel_listeners WHERE channel = %(channel)s AND backend_pid = pg_backend_pid()
+"""

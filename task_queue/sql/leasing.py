@@ -35,7 +35,8 @@ FENCED = TASK_LEASE.fenced_batch("t")
 # The settings of the session that claims tasks (a worker's fetch loop), for as long as
 # its connection lasts.
 PREPARE_CLAIM_SESSION = """
-SELECT set_config('synchronous_commit', 'off', false), set_config('enable_sort', 'off', false)
+SELECT set_config('synchronous_commit', 'off', false), set_config('enable_sort', 'off', false),
+       set_config('plan_cache_mode', 'force_generic_plan', false)
 """
 
 
@@ -50,6 +51,12 @@ def prepare_claim_session() -> None:
     worker's fenced outcome write is refused, and the task runs again, as after any
     crash. A release lost that way leaves its tasks to the reaper when their leases
     run out. Outcomes (the outcome writer's own connection) stay durable.
+
+    ``plan_cache_mode``: the claim is a prepared statement (``fetch_bound``), and
+    runs its one generic plan from the first run on, the plan tests/test_generic_plans.py
+    checks. PostgreSQL would otherwise plan its first five runs for their values, with
+    the statistics of the moment, which after a burst onto an emptied table say that
+    there are no tasks.
 
     ``enable_sort`` off: each agent's due tasks must come from an ordered scan of
     tasks_pending_lease_idx that stops after the claim's room. Right after a burst of
