@@ -9,12 +9,12 @@ NOTIFY_CHANNEL = "automechanica_tasks"
 # someone listens (a trigger, migrations queue 0004, 0006 and 0026): {"tasks": [[id,
 # old_status, new_status], ... up to 60, dead-letter moves first], "more": changed
 # tasks beyond those, "left": tasks that left the dead letter, "arrived": tasks that
-# entered it}. The dashboard listens while a page is open.
+# entered it}. The dashboard's hub listens, from the first page opened in its process.
 TASK_CHANGES_CHANNEL = "automechanica_task_changes"
 
 # Every transaction that writes envelopes into event_outbox notifies here, once, with
 # an empty payload, while someone listens (a trigger, migrations queue 0019 and 0026).
-# The API's stream hub listens while a stream is open.
+# The API's stream hub listens, from the first stream opened in its process.
 EVENTS_CHANNEL = "automechanica_events"
 
 # Who listens on which channel (table channel_listeners, migration queue 0026): a
