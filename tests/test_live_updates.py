@@ -11,13 +11,16 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
+from django.db import connection
 from django.test import Client
 
 from automechanica.asgi import application
 from automechanica.dashboard import consumers
 from automechanica.dashboard.live import hub
 from task_queue import operations
+from task_queue.sql.channels import TASK_CHANGES_CHANNEL
 from tests.support.queue import complete_pending, fail_pending
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -246,3 +249,43 @@ def test_a_workflow_page_follows_its_progress():
     first, last = async_to_sync(watch)()
     assert 'id="workflow-live"' in first and "wf-running" in first
     assert "completed 1" in last
+
+
+def _hub_listeners() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM channel_listeners WHERE channel = %s", [TASK_CHANGES_CHANNEL]
+        )
+        return cursor.fetchone()[0]
+
+
+def test_the_hub_listens_only_while_a_page_is_open():
+    # While it listens, every change of tasks notifies; with no page open, none does
+    # (channel_listeners, migration queue 0026).
+    cookie = session_cookie()
+    task_id = operations.enqueue("EchoAgent", "echo", {}).id
+
+    async def open_and_close() -> None:
+        communicator = socket("/ws/dead-letter/", cookie)
+        assert (await communicator.connect())[0]
+        await asyncio.wait_for(hub.listening.wait(), 10)
+        assert await sync_to_async(_hub_listeners)() == 1
+        await communicator.disconnect()
+        await sync_to_async(wait_for)(
+            lambda: _hub_listeners() == 0, what="the hub to stop listening"
+        )
+
+    async def open_again() -> str:
+        communicator = socket(f"/ws/tasks/{task_id}/", cookie)
+        assert (await communicator.connect())[0]
+        await html_from(communicator)  # the catch-up render
+        await asyncio.wait_for(hub.listening.wait(), 10)
+        await sync_to_async(complete_pending)("EchoAgent")
+        last = ""
+        while 'data-status="completed"' not in last:
+            last = await html_from(communicator)
+        await communicator.disconnect()
+        return last
+
+    async_to_sync(open_and_close)()
+    assert 'data-status="completed"' in async_to_sync(open_again)()

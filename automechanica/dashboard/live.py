@@ -1,4 +1,5 @@
-"""The live hub: one per server process, feeding every open dashboard of that process.
+"""The live hub: one per server process, feeding every open dashboard of that process,
+from the first socket until the last one closes.
 
 It does two things, whatever the number of open pages:
 
@@ -73,10 +74,8 @@ class Hub:
     def join(self, group: str) -> None:
         self.watchers[group] += 1
         loop = asyncio.get_running_loop()
-        if self._loop is not loop:  # first socket, or a new event loop (tests)
-            for task in self._tasks:
-                with contextlib.suppress(RuntimeError):  # its loop is closed already
-                    task.cancel()
+        if self._loop is not loop or not self._tasks:  # first socket, or a new loop (tests)
+            self._stop()
             self._loop = loop
             self.listening = asyncio.Event()
             self._tasks = [loop.create_task(self._tick()), loop.create_task(self._listen())]
@@ -85,6 +84,16 @@ class Hub:
         self.watchers[group] -= 1
         if self.watchers[group] <= 0:
             del self.watchers[group]
+        if not self.watchers:
+            # No page of this process is open: stop listening, so that the trigger on
+            # tasks stops notifying (channel_listeners); the next page starts again.
+            self._stop()
+
+    def _stop(self) -> None:
+        for task in self._tasks:
+            with contextlib.suppress(RuntimeError):  # its loop is closed already
+                task.cancel()
+        self._tasks = []
 
     # ------------------------------------------------------------ once a second
 

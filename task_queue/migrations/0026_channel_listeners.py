@@ -9,9 +9,9 @@ from django.db import migrations
 # The two notifications sent after every change of tasks and every write to the event
 # stream (the dashboard's, on automechanica_task_changes, queue 0006; the stream hub's
 # wake-up, on automechanica_events, queue 0019) are sent only while a row says someone
-# listens. A web server process's dashboard hub starts listening with the first page
-# opened in it, its stream hub with the first stream (the reference orchestrator keeps
-# one open), and each listens until the process stops. With no one listening they cost the worker's claims and completions
+# listens. A web server process's dashboard hub listens while a page is open in it;
+# its stream hub from the first stream opened in it until the process stops (the
+# reference orchestrator keeps one open). With no one listening they cost the worker's claims and completions
 # about a sixth of a drain's throughput (queue_bench, docs/performance.md), for
 # notifications no one received. The freed-slot wake-up of workers (queue 0018) and
 # enqueue's are sent as before: workers always listen.

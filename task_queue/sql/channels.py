@@ -9,7 +9,7 @@ NOTIFY_CHANNEL = "automechanica_tasks"
 # someone listens (a trigger, migrations queue 0004, 0006 and 0026): {"tasks": [[id,
 # old_status, new_status], ... up to 60, dead-letter moves first], "more": changed
 # tasks beyond those, "left": tasks that left the dead letter, "arrived": tasks that
-# entered it}. The dashboard's hub listens, from the first page opened in its process.
+# entered it}. The dashboard's hub listens while a page is open in its process.
 TASK_CHANGES_CHANNEL = "automechanica_task_changes"
 
 # Every transaction that writes envelopes into event_outbox notifies here, once, with
