@@ -158,7 +158,7 @@ QUEUE_SHUTDOWN_GRACE_SECONDS = float(os.environ.get("QUEUE_SHUTDOWN_GRACE_SECOND
 QUEUE_STALE_WORKER_SECONDS = float(
     os.environ.get("QUEUE_STALE_WORKER_SECONDS", 3 * QUEUE_LEASE_SECONDS)
 )
-# A worker's claim is a prepared statement (task_queue.sql.leasing.prepare_claim_session).
+# A worker's claim and completion are prepared statements (task_queue.sql.db.fetch_bound).
 # Off for a connection pooler that cannot keep prepared statements (PgBouncer in
 # transaction mode before 1.21, or without max_prepared_statements).
 QUEUE_PREPARED_STATEMENTS = env_bool(os.environ, "QUEUE_PREPARED_STATEMENTS", True)

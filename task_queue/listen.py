@@ -6,9 +6,9 @@ only for committed changes. A LISTEN needs a connection in autocommit mode that 
 not Django's (Django's is shared with the caller's transactions), opened with
 Django's connection settings.
 
-A listening connection says so in ``channel_listeners`` first (and takes its row
-back when it stops): the busiest notifications, the dashboard's and the event
-stream's, are sent only while someone listens (task_queue.sql.channels).
+A connection listening on one of the channels whose notifications are sent only while
+someone listens (the dashboard's and the event stream's, ``REGISTERED_CHANNELS``)
+says so in ``channel_listeners`` first, and takes its row back when it stops.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import psycopg
 from asgiref.sync import sync_to_async
 from django.db import connection
 
-from task_queue.sql.channels import REGISTER_LISTENER, UNREGISTER_LISTENER
+from task_queue.sql.channels import REGISTER_LISTENER, REGISTERED_CHANNELS, UNREGISTER_LISTENER
 
 
 def connection_params() -> dict[str, Any]:
@@ -46,27 +46,31 @@ def _listen(channel: str) -> str:
 @contextmanager
 def listening(channel: str) -> Iterator[psycopg.Connection]:
     """A connection of its own, listening on ``channel``; read it with ``notifies()``."""
-    listen = _listen(channel)
+    listen, registered = _listen(channel), channel in REGISTERED_CHANNELS
     with psycopg.connect(**connection_params(), autocommit=True) as conn:
-        conn.execute(REGISTER_LISTENER, {"channel": channel})
-        conn.execute(listen)
         try:
+            if registered:
+                conn.execute(REGISTER_LISTENER, {"channel": channel})
+            conn.execute(listen)
             yield conn
         finally:
-            with contextlib.suppress(psycopg.Error):  # a lost connection took its row along
-                conn.execute(UNREGISTER_LISTENER, {"channel": channel})
+            if registered:
+                with contextlib.suppress(psycopg.Error):  # a lost connection: swept later
+                    conn.execute(UNREGISTER_LISTENER, {"channel": channel})
 
 
 @asynccontextmanager
 async def listening_async(channel: str) -> AsyncIterator[psycopg.AsyncConnection]:
     """``listening`` for asyncio code (the dashboard's hub)."""
-    listen = _listen(channel)
+    listen, registered = _listen(channel), channel in REGISTERED_CHANNELS
     params = await sync_to_async(connection_params)()
     async with await psycopg.AsyncConnection.connect(**params, autocommit=True) as conn:
-        await conn.execute(REGISTER_LISTENER, {"channel": channel})
-        await conn.execute(listen)
         try:
+            if registered:
+                await conn.execute(REGISTER_LISTENER, {"channel": channel})
+            await conn.execute(listen)
             yield conn
         finally:
-            with contextlib.suppress(psycopg.Error):
-                await conn.execute(UNREGISTER_LISTENER, {"channel": channel})
+            if registered:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.execute(UNREGISTER_LISTENER, {"channel": channel})

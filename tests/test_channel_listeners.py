@@ -12,11 +12,19 @@ import pytest
 from task_queue import operations
 from task_queue.listen import connection_params, listening
 from task_queue.operations import TaskSpec
-from task_queue.sql.channels import EVENTS_CHANNEL, TASK_CHANGES_CHANNEL
+from task_queue.sql.channels import EVENTS_CHANNEL, NOTIFY_CHANNEL, TASK_CHANGES_CHANNEL
 from task_queue.sql.db import execute, fetch
 from tests.support.queue import complete_pending
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def no_one_registered() -> None:
+    """Django's flush leaves this table alone: no registration from an earlier test
+    (a hub of this process) counts here."""
+    execute("DELETE FROM channel_listeners", {})
+
 
 END = "end"
 
@@ -74,3 +82,8 @@ def test_the_rows_of_listeners_that_ended_without_a_word_are_swept():
     with listening(EVENTS_CHANNEL):
         rows = fetch("SELECT channel, backend_pid > 0 FROM channel_listeners", {})
     assert rows == [(EVENTS_CHANNEL, True)]
+
+
+def test_only_the_channels_notified_on_demand_register():
+    with listening(NOTIFY_CHANNEL):  # workers always listen, and are always woken
+        assert fetch("SELECT count(*) FROM channel_listeners", {}) == [(0,)]

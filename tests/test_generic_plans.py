@@ -24,10 +24,18 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def generic_plans() -> Iterator[None]:
-    """This test's connection makes only generic plans; closed afterwards."""
+def claim_session() -> Iterator[None]:
+    """This test's connection with the settings of a worker's fetch loop (generic plans
+    among them); closed afterwards, so no later test plans with them."""
     leasing.prepare_claim_session()
-    fetch("SELECT set_config('plan_cache_mode', 'force_generic_plan', false)", {})
+    yield
+    connection.close()
+
+
+@pytest.fixture
+def outcome_session() -> Iterator[None]:
+    """As ``claim_session``, with the settings of a worker's outcome writer."""
+    outcomes.prepare_outcome_session()
     yield
     connection.close()
 
@@ -57,7 +65,7 @@ def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _nodes(child)
 
 
-def test_the_generic_claim_takes_due_tasks_from_the_ordered_scan_after_a_burst(generic_plans):
+def test_the_generic_claim_takes_due_tasks_from_the_ordered_scan_after_a_burst(claim_session):
     # As in test_claim_plan: statistics taken while nothing was pending, then a burst.
     execute("ALTER TABLE tasks SET (autovacuum_enabled = off)", {})
     try:
@@ -93,7 +101,7 @@ def test_the_generic_claim_takes_due_tasks_from_the_ordered_scan_after_a_burst(g
     assert lock_rows["Actual Rows"] == 50
 
 
-def test_the_generic_completion_looks_each_task_up_by_its_id(generic_plans):
+def test_the_generic_completion_looks_each_task_up_by_its_id(outcome_session):
     # Statistics taken while nothing was held, then 2,000 tasks held: the index of held
     # leases looks nearly empty, and in a busy drain it is full of dead entries.
     execute("ALTER TABLE tasks SET (autovacuum_enabled = off)", {})

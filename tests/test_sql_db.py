@@ -66,7 +66,8 @@ def test_a_statement_asked_to_be_prepared_is_and_no_other():
     assert _prepared("SELECT $1::int + 2") == 0
 
 
-def test_a_prepared_statement_survives_a_rolled_back_transaction():
+def test_a_prepared_statement_is_prepared_again_after_a_rollback():
+    # psycopg deallocates its prepared statements at every rollback.
     sql = "SELECT %(n)s::int * 2"
     with transaction.atomic():
         assert fetch_bound(sql, {"n": 2}, prepared=True) == [(4,)]

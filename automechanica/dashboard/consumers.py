@@ -15,6 +15,8 @@ logged out, lost staff status or was deactivated gets the socket closed with cod
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from importlib import import_module
 from types import SimpleNamespace
@@ -28,6 +30,9 @@ from django.contrib import auth
 from . import fragments, schedules
 from .limits import LIMIT_PERMISSION
 from .live import changes_message, html_message, hub, task_group, workflow_group
+
+# How long a new page waits for its process's hub to listen before it catches up.
+HUB_START_SECONDS = 5.0
 
 RECHECK_SECONDS = 5.0
 SIGNED_OUT = 4403  # an application close code; live.js tells the operator to log in
@@ -49,6 +54,10 @@ class LiveConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_add(self.group, self.channel_name)
         hub.join(self.group)
         await self.accept()
+        # The hub hears changes once it listens (it starts with the first page of the
+        # process): a catch-up taken after that misses none.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(hub.listening.wait(), HUB_START_SECONDS)
         if page == "task":  # catch up with what changed while not connected
             await self.task_changed({})
 

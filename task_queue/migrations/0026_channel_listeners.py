@@ -5,6 +5,7 @@ from django.db import migrations
 # Who listens on which channel: one row per listening connection, written by the one
 # LISTEN loop (task_queue.listen) before it listens and deleted when it stops; rows of
 # connections that ended without deleting theirs are swept by the next one to listen.
+# Unlogged: a crash of the server empties it, with every connection its rows named.
 #
 # The two notifications sent after every change of tasks and every write to the event
 # stream (the dashboard's, on automechanica_task_changes, queue 0006; the stream hub's
@@ -21,7 +22,7 @@ from django.db import migrations
 # that read, is not announced to it. The stream hub reads again every 2 s anyway; a
 # dashboard page shows such a change with the next one of its task.
 CHANNEL_LISTENERS = """
-CREATE TABLE channel_listeners (
+CREATE UNLOGGED TABLE channel_listeners (
     channel text NOT NULL,
     backend_pid integer NOT NULL,
     since timestamptz NOT NULL DEFAULT now(),

@@ -17,10 +17,11 @@ TASK_CHANGES_CHANNEL = "automechanica_task_changes"
 # The API's stream hub listens, from the first stream opened in its process.
 EVENTS_CHANNEL = "automechanica_events"
 
-# Who listens on which channel (table channel_listeners, migration queue 0026): a
-# listening connection's row, written before it listens, with the rows of connections
-# that ended without deleting theirs swept away; the triggers above notify only while
-# their channel has one.
+# The channels above, whose triggers notify only while someone listens: a connection
+# that listens on one registers in channel_listeners (migration queue 0026) first,
+# and the rows of connections that ended without deleting theirs are swept away.
+# (Workers and message readers always listen on theirs: no registration.)
+REGISTERED_CHANNELS = frozenset({TASK_CHANGES_CHANNEL, EVENTS_CHANNEL})
 REGISTER_LISTENER = """
 WITH gone AS (
     DELETE FROM channel_listeners l

@@ -49,7 +49,8 @@ def fetch_bound(sql: str, params: dict[str, Any], *, prepared: bool = False) -> 
     """
     connection.ensure_connection()
     connection.validate_no_broken_transaction()  # as Django's own cursors do
-    if prepared and settings.QUEUE_PREPARED_STATEMENTS:
+    prepared = prepared and settings.QUEUE_PREPARED_STATEMENTS
+    if prepared:
         _allow_prepared_statements(connection.connection)
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.adapters.register_dumper(list, ListBinaryDumper)
