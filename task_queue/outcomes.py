@@ -44,7 +44,6 @@ class OutcomeWriter:
         self._unwritten = 0
         self._count_lock = threading.Lock()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._session_set_up = False  # this thread's connection has the writer's settings
         self._thread = threading.Thread(target=self._run, name="outcome-writer", daemon=True)
 
     def start(self) -> None:
@@ -100,7 +99,6 @@ class OutcomeWriter:
                     "writing %d outcomes failed (%s); retrying in %.1f s", len(batch), error, delay
                 )
                 connection.close()
-                self._session_set_up = False
                 time.sleep(delay)
             except DatabaseError as error:
                 if len(batch) > 1:
@@ -126,9 +124,7 @@ class OutcomeWriter:
         self._written_event.set()
 
     def _write(self, batch: list[Outcome]) -> None:
-        if not self._session_set_up:
-            outcomes_sql.prepare_outcome_session()
-            self._session_set_up = True
+        outcomes_sql.prepare_outcome_session()
         by_kind: dict[OutcomeKind, list[Outcome]] = {}
         for outcome in batch:
             by_kind.setdefault(outcome.kind, []).append(outcome)

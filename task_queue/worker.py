@@ -136,14 +136,11 @@ class Worker:
 
     def _fetch_loop(self) -> None:
         backoff = Backoff()
-        prepared = False  # this thread's connection has the claim session's settings
         while not self._stopping.is_set():
             self._wake.clear()
             free = self._free_slots()
             try:
-                if not prepared:
-                    leasing.prepare_claim_session()
-                    prepared = True
+                leasing.prepare_claim_session()  # once per connection
                 claimed = self._claim_and_dispatch(free) if free else 0
                 if free and claimed == free:
                     continue  # there may be more due right now
@@ -155,7 +152,6 @@ class Worker:
                 wait = backoff.next()
                 logger.warning("fetching tasks failed (%s); retrying in %.1f s", error, wait)
                 connection.close()
-                prepared = False
             self._wake.wait(wait)
 
     def _free_slots(self) -> int:

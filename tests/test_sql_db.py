@@ -5,10 +5,10 @@ from __future__ import annotations
 from uuid import uuid4
 
 import pytest
-from django.db import DatabaseError, DataError, IntegrityError, transaction
+from django.db import DatabaseError, DataError, IntegrityError, connection, transaction
 from django.db.transaction import TransactionManagementError
 
-from task_queue.sql.db import execute, fetch, fetch_bound
+from task_queue.sql.db import execute, fetch, fetch_bound, set_up_session
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -83,3 +83,20 @@ def test_prepared_statements_can_be_turned_off_for_a_pooler(settings):
     for _ in range(3):
         assert fetch_bound(sql, {"n": 1}, prepared=True) == [(0,)]
     assert _prepared("SELECT $1::int - 1") == 0
+
+
+COUNT_SET_UPS = """
+SELECT set_config('automechanica.set_ups',
+    (COALESCE(NULLIF(current_setting('automechanica.set_ups', true), ''), '0')::int + 1)::text,
+    false)
+"""
+SET_UPS = "SELECT current_setting('automechanica.set_ups', true)"
+
+
+def test_a_session_is_set_up_once_per_connection_and_again_on_a_new_one():
+    set_up_session(COUNT_SET_UPS)
+    set_up_session(COUNT_SET_UPS)
+    assert fetch(SET_UPS, {}) == [("1",)]
+    connection.close()  # as the worker does after a connection error
+    set_up_session(COUNT_SET_UPS)
+    assert fetch(SET_UPS, {}) == [("1",)]

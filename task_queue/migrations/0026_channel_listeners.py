@@ -34,53 +34,17 @@ CREATE FUNCTION has_listeners(listened text) RETURNS boolean LANGUAGE sql STABLE
 $$;
 """
 
-NOTIFY_TASK_CHANGES = """
-CREATE OR REPLACE FUNCTION notify_task_changes() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    changed_count int;
-    left_count int;
-    arrived_count int;
-    sample jsonb;
-BEGIN
-    IF has_listeners('automechanica_task_changes') THEN
-        SELECT count(*),
-               count(*) FILTER (WHERE was_dead AND NOT is_dead),
-               count(*) FILTER (WHERE is_dead AND NOT was_dead),
-               jsonb_agg(jsonb_build_array(id, old_status, new_status)) FILTER (WHERE n <= 60)
-        INTO changed_count, left_count, arrived_count, sample
-        FROM (
-            SELECT id, old_status, new_status, was_dead, is_dead,
-                   row_number() OVER (ORDER BY was_dead <> is_dead DESC) AS n
-            FROM (
-                SELECT new_rows.id, old_rows.status AS old_status,
-                       new_rows.status AS new_status,
-                       old_rows.status IN ('dead', 'failed') AS was_dead,
-                       new_rows.status IN ('dead', 'failed') AS is_dead
-                FROM new_rows JOIN old_rows ON old_rows.id = new_rows.id
-                WHERE new_rows.updated_at IS DISTINCT FROM old_rows.updated_at
-                   OR new_rows.status IS DISTINCT FROM old_rows.status
-            ) AS changed
-        ) AS ranked;
-        IF changed_count > 0 THEN
-            PERFORM pg_notify('automechanica_task_changes', jsonb_build_object(
-                'tasks', sample, 'more', greatest(changed_count - 60, 0),
-                'left', left_count, 'arrived', arrived_count)::text);
-        END IF;
-    END IF;
-    IF EXISTS (SELECT FROM agent_limits WHERE concurrency_limit IS NOT NULL) THEN
-        PERFORM pg_notify('automechanica_tasks', freed.agent_name)
-        FROM (
-            SELECT DISTINCT old_rows.agent_name
-            FROM old_rows JOIN new_rows ON new_rows.id = old_rows.id
-            JOIN agent_limits l ON l.agent_name = old_rows.agent_name
-            WHERE l.concurrency_limit IS NOT NULL
-              AND old_rows.status IN ('leased', 'running')
-              AND new_rows.status NOT IN ('leased', 'running')
-        ) AS freed;
-    END IF;
-    RETURN NULL;
-END $$;
-"""
+# queue 0018's function, its dashboard part (queue 0006's) now sent only while someone
+# listens; the freed-slot wake-up as it was.
+_0018 = import_module("task_queue.migrations.0018_agent_limits")
+PREVIOUS_NOTIFY_TASK_CHANGES = _0018.NOTIFY_TASK_CHANGES_AND_FREED_SLOTS
+_DASHBOARD_START = "BEGIN\n"
+_DASHBOARD_END = _0018.FREED_SLOTS.lstrip("\n")
+assert PREVIOUS_NOTIFY_TASK_CHANGES.count(_DASHBOARD_START) == 1
+assert PREVIOUS_NOTIFY_TASK_CHANGES.count(_DASHBOARD_END) == 1
+NOTIFY_TASK_CHANGES = PREVIOUS_NOTIFY_TASK_CHANGES.replace(
+    _DASHBOARD_START, _DASHBOARD_START + "    IF has_listeners('automechanica_task_changes') THEN\n"
+).replace(_DASHBOARD_END, "    END IF;\n" + _DASHBOARD_END)
 
 NOTIFY_EVENTS = """
 CREATE OR REPLACE FUNCTION notify_events() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -93,10 +57,7 @@ BEGIN
 END $$;
 """
 
-# Back to queue 0025: the functions as queue 0018 and 0019 left them.
-PREVIOUS_NOTIFY_TASK_CHANGES = import_module(
-    "task_queue.migrations.0018_agent_limits"
-).NOTIFY_TASK_CHANGES_AND_FREED_SLOTS
+# Back to queue 0025: the function as queue 0019 left it.
 _EVENTS_0019 = import_module("task_queue.migrations.0019_event_notifications").NOTIFY_EVENTS
 PREVIOUS_NOTIFY_EVENTS = _EVENTS_0019[: _EVENTS_0019.index("CREATE TRIGGER")].replace(
     "CREATE FUNCTION", "CREATE OR REPLACE FUNCTION"

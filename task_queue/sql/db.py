@@ -11,6 +11,7 @@ database's ``now()``. Tests pass a time to step through backoff without sleeping
 from __future__ import annotations
 
 import sys
+import weakref
 from datetime import datetime
 from typing import Any
 
@@ -72,6 +73,21 @@ def _allow_prepared_statements(conn: psycopg.Connection) -> None:
     """
     if conn.prepare_threshold is None:
         conn.prepare_threshold = _ONLY_WHEN_ASKED
+
+
+# The session statements each connection has run; a new connection (after the
+# database restarted, say) runs them again.
+_set_up: weakref.WeakKeyDictionary[psycopg.Connection, set[str]] = weakref.WeakKeyDictionary()
+
+
+def set_up_session(statement: str) -> None:
+    """Run ``statement`` (session settings, ``set_config(..., false)``, outside a
+    transaction) on this thread's connection, once per connection."""
+    connection.ensure_connection()
+    done = _set_up.setdefault(connection.connection, set())
+    if statement not in done:
+        fetch(statement, {})
+        done.add(statement)
 
 
 DATABASE_CLOCK = "SELECT clock_timestamp()"

@@ -10,7 +10,7 @@ from functools import cache
 from uuid import UUID
 
 from task_queue.leases import backoff, held_params
-from task_queue.sql.db import NOW, fetch, fetch_bound
+from task_queue.sql.db import NOW, fetch, fetch_bound, set_up_session
 from task_queue.sql.leasing import FENCED, HELD, TASK_LEASE
 
 # A completion, in one prepared statement (task_queue.sql.db.fetch_bound): the task,
@@ -76,7 +76,8 @@ PREPARE_OUTCOME_SESSION = "SELECT set_config('plan_cache_mode', 'force_generic_p
 
 
 def prepare_outcome_session() -> None:
-    fetch(PREPARE_OUTCOME_SESSION, {})
+    """Set up this thread's connection for writing outcomes, once per connection."""
+    set_up_session(PREPARE_OUTCOME_SESSION)
 
 
 _completion_parts: dict[str, str] = {}
