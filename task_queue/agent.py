@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from uuid import UUID
 
-from .storable import without_nul
+from .storable import diagnostic_text
 
 # A progress message longer than this is cut (it is a status line, not a log).
 PROGRESS_MESSAGE_MAX_CHARS = 200
@@ -71,8 +71,7 @@ class TaskContext:
             raise TypeError(f"a progress message must be a string, not {type(message).__name__}")
         # What PostgreSQL cannot store (NUL, unpaired surrogates) is replaced, so a
         # message never makes the heartbeat fail.
-        text = without_nul(message[:PROGRESS_MESSAGE_MAX_CHARS])
-        text = text.encode("utf-8", "replace").decode("utf-8")
+        text = diagnostic_text(message, PROGRESS_MESSAGE_MAX_CHARS)
         # One new tuple per report: the worker tells a new report by its identity.
         self.reported_progress = (float(fraction), text)
 

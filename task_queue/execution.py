@@ -19,7 +19,14 @@ from task_queue.sql.leasing import ClaimedTask
 from . import blobs
 from .agent import Agent, PermanentError, TaskCancelled, TaskContext
 from .blobs import PayloadBlobError, PayloadBlobUnavailable
-from .storable import storable_json, without_nul
+from .storable import diagnostic_text, storable_json
+
+# How much of a handler's diagnostics a task keeps: its error_info is copied into the
+# task's history and its event, and its summary into agent memory, so an exception
+# carrying megabytes (a whole response body, say) would be stored several times over.
+ERROR_MESSAGE_MAX_CHARS = 4_000
+TRACEBACK_MAX_CHARS = 16_000
+SUMMARY_MAX_CHARS = 4_000
 
 
 class OutcomeKind(Enum):
@@ -129,7 +136,7 @@ def run_handler(flight: InFlight) -> Outcome | None:
             )
         result = agent.handle(context)
         result_json = _result_json(result)
-        summary = without_nul(agent.describe(context, result))
+        summary = diagnostic_text(agent.describe(context, result), SUMMARY_MAX_CHARS)
     except TaskCancelled:
         return _stopped(flight)
     except Exception as error:
@@ -190,8 +197,10 @@ def failure(
 ) -> Outcome:
     info: dict[str, Any] = {
         "type": type(error).__name__,
-        "message": without_nul(str(error)),
-        "traceback": without_nul("".join(traceback.format_exception(error))),
+        "message": diagnostic_text(str(error), ERROR_MESSAGE_MAX_CHARS),
+        "traceback": diagnostic_text(
+            "".join(traceback.format_exception(error)), TRACEBACK_MAX_CHARS
+        ),
         "retryable": retryable,
     }
     return Outcome(

@@ -15,9 +15,29 @@ def json_has_nul(json_text: str) -> bool:
     return "\\u0000" in json_text and _JSON_NUL.search(json_text) is not None
 
 
-def without_nul(text: str) -> str:
-    """``text`` with each NUL replaced by U+FFFD, for diagnostics such as tracebacks."""
-    return text.replace("\x00", "\ufffd")
+# Where an over-long diagnostic was cut: its head and its tail stay around this note.
+_CUT_NOTE = "\n[… {} characters cut …]\n"
+
+
+def diagnostic_text(text: str, max_chars: int) -> str:
+    """``text`` as something PostgreSQL stores and a page can show, for diagnostics
+    (error messages, tracebacks, event summaries, progress messages) that a handler
+    writes and that nothing must refuse.
+
+    NUL becomes U+FFFD and an unpaired surrogate ``?``. A text longer than
+    ``max_chars`` keeps its first quarter and its last three quarters around a note of
+    how many characters were cut, within ``max_chars`` in all: a traceback's last lines
+    name the error, so its tail is worth more than its middle.
+    """
+    if len(text) > max_chars:
+        # The note's length with the longest count it could hold, so the whole fits.
+        keep = max(max_chars - len(_CUT_NOTE.format(len(text))), 0)
+        head = keep // 4
+        tail = keep - head
+        note = _CUT_NOTE.format(len(text) - keep)
+        text = f"{text[:head]}{note}{text[len(text) - tail :]}"[:max_chars]
+    text = text.replace("\x00", "\ufffd")
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def text_problem(text: str) -> str | None:

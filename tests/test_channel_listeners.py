@@ -84,6 +84,21 @@ def test_the_rows_of_listeners_that_ended_without_a_word_are_swept():
     assert rows == [(EVENTS_CHANNEL, True)]
 
 
+def test_a_row_whose_process_id_a_newer_backend_took_is_swept():
+    """A backend killed without a word, and its process id reused by one that does not
+    listen: the row is older than that backend, so it no longer says anyone listens."""
+    with psycopg.connect(**connection_params(), autocommit=True) as newer:
+        pid = newer.info.backend_pid
+        execute(
+            "INSERT INTO channel_listeners (channel, backend_pid, since) "
+            "VALUES (%(channel)s, %(pid)s, now() - interval '1 hour')",
+            {"channel": TASK_CHANGES_CHANNEL, "pid": pid},
+        )
+        with listening(EVENTS_CHANNEL):
+            rows = fetch("SELECT channel FROM channel_listeners", {})
+    assert rows == [(EVENTS_CHANNEL,)]
+
+
 def test_only_the_channels_notified_on_demand_register():
     with listening(NOTIFY_CHANNEL):  # workers always listen, and are always woken
         assert fetch("SELECT count(*) FROM channel_listeners", {}) == [(0,)]

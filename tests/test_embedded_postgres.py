@@ -6,8 +6,11 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
+import uuid
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
@@ -136,3 +139,32 @@ def test_the_server_is_its_owners_alone(embedded_env):
     assert "Permission denied" in as_nobody.stderr, as_nobody.stderr
     # The same command as the owner connects: what refuses nobody is the directory.
     assert subprocess.run(psql, capture_output=True, timeout=30).returncode == 0
+
+
+@pytest.mark.skipif(
+    bool(os.environ.get("DATABASE_URL")), reason="the suite runs on an external server"
+)
+def test_threads_that_connect_first_together_create_their_database_once():
+    """The file lock serialises processes only: POSIX record locks belong to a process,
+    so its threads would all pass it (a worker's threads and daphne's connect at once)."""
+    from automechanica.embedded_postgres import server
+
+    database = f"threads_{uuid.uuid4().hex[:12]}"
+    start = threading.Barrier(8)
+
+    def first_connection() -> str:
+        start.wait()
+        return server.ensure_running(database)
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            calls = [pool.submit(first_connection) for _ in range(8)]
+            socket_dirs = {call.result() for call in calls}
+        assert socket_dirs == {server.status()["socket_dir"]}
+    finally:
+        server._ready.pop(database, None)
+        socket_dir = server.status()["socket_dir"]
+        with psycopg.connect(
+            host=socket_dir, user=server.SUPERUSER, dbname="postgres", autocommit=True
+        ) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}"')

@@ -19,6 +19,9 @@ from task_queue import blobs
 from task_queue.agent import Agent, InvalidPayload, PermanentError, TaskCancelled, TaskContext
 from task_queue.blobs import PayloadBlobUnavailable
 from task_queue.execution import (
+    ERROR_MESSAGE_MAX_CHARS,
+    SUMMARY_MAX_CHARS,
+    TRACEBACK_MAX_CHARS,
     ClaimedTask,
     InFlight,
     Outcome,
@@ -30,6 +33,7 @@ from task_queue.execution import (
     timed_out,
     unrecordable,
 )
+from task_queue.storable import storable_json
 
 WORKFLOW = uuid.uuid4()
 
@@ -161,6 +165,18 @@ def test_a_nul_in_the_summary_is_replaced_not_refused():
     assert outcome.kind is OutcomeKind.COMPLETED and outcome.summary == "done\ufffd"
 
 
+def test_a_summary_is_cut_and_made_storable():
+    class LongSummary(Returns):
+        def describe(self, task: TaskContext, result: dict[str, Any]) -> str:
+            return "start \ud800" + "x" * 1_000_000 + " end"
+
+    summary = run_handler(flight(LongSummary())).summary
+    assert len(summary) <= SUMMARY_MAX_CHARS
+    assert summary.startswith("start ?x") and summary.endswith("x end")
+    assert "characters cut" in summary
+    summary.encode("utf-8")  # what psycopg does before PostgreSQL sees it
+
+
 def test_a_payload_kept_in_a_blob_is_read_for_the_handler(monkeypatch):
     ref = "sha256-" + "a" * 64
     monkeypatch.setattr(blobs, "get", lambda wanted: b'{"big": [1, 2]}' if wanted == ref else b"{}")
@@ -240,9 +256,24 @@ def test_a_handler_raising_task_cancelled_on_its_own_is_a_retryable_failure():
 
 def test_error_text_that_postgresql_cannot_store_is_cleaned():
     agent = Raises()
-    agent.error = ValueError("bad\x00byte")
+    agent.error = ValueError("bad\x00byte \ud800")
     error = error_of(run_handler(flight(agent)))
-    assert error["message"] == "bad\ufffdbyte" and "\x00" not in error["traceback"]
+    assert error["message"] == "bad\ufffdbyte ?" and "\x00" not in error["traceback"]
+    assert storable_json(error)  # no NUL, no unpaired surrogate: jsonb takes it
+
+
+def test_an_error_carrying_megabytes_is_kept_as_its_head_and_tail():
+    agent = Raises()
+    agent.error = ValueError("head " + "x" * 5_000_000 + " tail")
+    outcome = run_handler(flight(agent))
+    error = error_of(outcome)
+    assert len(error["message"]) <= ERROR_MESSAGE_MAX_CHARS
+    assert error["message"].startswith("head x") and error["message"].endswith("x tail")
+    assert len(error["traceback"]) <= TRACEBACK_MAX_CHARS
+    assert error["traceback"].startswith("Traceback (most recent call last):")
+    assert error["traceback"].rstrip().endswith("x tail")
+    assert "characters cut" in error["message"] and "characters cut" in error["traceback"]
+    assert len(outcome.error_json) < 25_000
 
 
 # ------------------------------------------------------------------ invalid results

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import logging
 import subprocess
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -56,6 +57,10 @@ MAX_SOCKET_PATH_BYTES = 107
 
 # Socket directory per database this process has already checked.
 _ready: dict[str, str] = {}
+# The file lock (_lock) keeps other processes out; POSIX record locks belong to a
+# process, so they would let all of its threads in at once (a worker's threads and a
+# web server's connect together): this keeps them to one at a time.
+_one_thread = threading.Lock()
 
 # How long a server that is starting (crash recovery) is waited for. The package's
 # own ``pg_ctl -w start`` gives up after 10 s, while the server it started carries on.
@@ -72,21 +77,24 @@ def ensure_running(database: str) -> str:
     """Start the server if it is not running and create ``database`` if missing.
 
     Returns the directory of the server's unix socket. Safe to call from many
-    processes at once: the start and the CREATE DATABASE run under a file lock.
-    A process checks once per database; a server stopped later shows up as a
-    connection error, as it would with any external server.
+    processes and threads at once: the start and the CREATE DATABASE run under a file
+    lock and a thread lock. A process checks once per database; a server stopped later
+    shows up as a connection error, as it would with any external server.
     """
     if database in _ready:
         return _ready[database]
-    pgdata = data_dir()
-    check_socket_path(pgdata)
-    pgdata.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(pgdata):
-        server = _start(pgdata)
-        socket_dir = _private_socket_dir(server.get_postmaster_info(), pgdata)
-        _create_database(socket_dir, database)
-    _ready[database] = socket_dir
-    return socket_dir
+    with _one_thread:
+        if database in _ready:  # another thread got here first
+            return _ready[database]
+        pgdata = data_dir()
+        check_socket_path(pgdata)
+        pgdata.parent.mkdir(parents=True, exist_ok=True)
+        with _lock(pgdata):
+            server = _start(pgdata)
+            socket_dir = _private_socket_dir(server.get_postmaster_info(), pgdata)
+            _create_database(socket_dir, database)
+        _ready[database] = socket_dir
+        return socket_dir
 
 
 def check_socket_path(pgdata: Path) -> None:

@@ -19,13 +19,20 @@ EVENTS_CHANNEL = "automechanica_events"
 
 # The channels above, whose triggers notify only while someone listens: a connection
 # that listens on one registers in channel_listeners (migration queue 0026) first,
-# and the rows of connections that ended without deleting theirs are swept away.
+# and the rows of connections that ended without deleting theirs are swept away:
+# those whose backend is gone, or whose process id a backend started since has taken
+# (it started after the row was written). pg_stat_activity hides backend_start of
+# another role's backends from a role without pg_read_all_stats: such a row is kept.
 # (Workers and message readers always listen on theirs: no registration.)
 REGISTERED_CHANNELS = frozenset({TASK_CHANGES_CHANNEL, EVENTS_CHANNEL})
 REGISTER_LISTENER = """
 WITH gone AS (
     DELETE FROM channel_listeners l
-    WHERE NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = l.backend_pid)
+    WHERE NOT EXISTS (
+        SELECT FROM pg_stat_activity a
+        WHERE a.pid = l.backend_pid
+          AND (a.backend_start IS NULL OR a.backend_start <= l.since)
+    )
 )
 INSERT INTO channel_listeners (channel, backend_pid)
 VALUES (%(channel)s, pg_backend_pid())
