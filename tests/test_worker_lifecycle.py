@@ -10,6 +10,7 @@ import pytest
 from django.db import transaction
 
 from task_queue import operations
+from task_queue.execution import ERROR_MESSAGE_MAX_CHARS, TRACEBACK_MAX_CHARS
 from task_queue.models import Task, TaskHistory, TaskStatus
 from task_queue.models import Worker as WorkerRow
 from task_queue.worker import MonitorFailed, Worker, WorkerConfig
@@ -213,6 +214,20 @@ def test_a_result_postgres_cannot_store_fails_that_task_only():
     assert (failed.status, failed.error_info["type"]) == (TaskStatus.FAILED, "PermanentError")
     assert "NUL character" in failed.error_info["message"]
     assert Task.objects.get(id=good).status == TaskStatus.COMPLETED
+
+
+def test_an_error_of_megabytes_is_stored_cut_in_the_task_and_its_history():
+    task_id = operations.enqueue("LoudFailure", "loud", {"chars": 3_000_000}).id
+    run_burst(agents=("LoudFailure",))
+    task = Task.objects.get(id=task_id)
+    (history,) = TaskHistory.objects.filter(task_id=task_id, event="failed")
+    for error in (task.error_info, history.error):
+        assert error["type"] == "PermanentError"
+        assert error["message"].startswith("start ? x") and error["message"].endswith("x end")
+        assert len(error["message"]) <= ERROR_MESSAGE_MAX_CHARS
+        assert len(error["traceback"]) <= TRACEBACK_MAX_CHARS
+        assert "characters cut" in error["traceback"]
+    assert task.status == TaskStatus.FAILED
 
 
 def test_enqueue_refuses_a_payload_postgres_cannot_store():

@@ -68,6 +68,20 @@ class NulResultAgent(Agent):
 
 
 @register
+class LoudFailureAgent(Agent):
+    """Fails for good with an error of ``payload["chars"]`` characters, an unpaired
+    surrogate among them (what a handler that raises a whole response body does)."""
+
+    name = "LoudFailure"
+    task_types = ("loud",)
+
+    def handle(self, task: TaskContext) -> dict[str, Any]:
+        from task_queue.agent import PermanentError
+
+        raise PermanentError("start \ud800 " + "x" * task.payload["chars"] + " end")
+
+
+@register
 class SlowAgent(Agent):
     """Sleeps (cooperatively) longer than its one-second timeout allows."""
 
