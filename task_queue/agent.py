@@ -71,7 +71,8 @@ class TaskContext:
             raise TypeError(f"a progress message must be a string, not {type(message).__name__}")
         # What PostgreSQL cannot store (NUL, unpaired surrogates) is replaced, so a
         # message never makes the heartbeat fail.
-        text = diagnostic_text(message, PROGRESS_MESSAGE_MAX_CHARS)
+        # A status line's start says the most ("3 of 10 items: …"): it keeps its head.
+        text = diagnostic_text(message[:PROGRESS_MESSAGE_MAX_CHARS], PROGRESS_MESSAGE_MAX_CHARS)
         # One new tuple per report: the worker tells a new report by its identity.
         self.reported_progress = (float(fraction), text)
 

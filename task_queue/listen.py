@@ -23,7 +23,12 @@ import psycopg
 from asgiref.sync import sync_to_async
 from django.db import connection
 
-from task_queue.sql.channels import REGISTER_LISTENER, REGISTERED_CHANNELS, UNREGISTER_LISTENER
+from task_queue.sql.channels import (
+    REGISTER_LISTENER,
+    REGISTERED_CHANNELS,
+    SWEEP_LISTENERS,
+    UNREGISTER_LISTENER,
+)
 
 
 def connection_params() -> dict[str, Any]:
@@ -50,6 +55,7 @@ def listening(channel: str) -> Iterator[psycopg.Connection]:
     with psycopg.connect(**connection_params(), autocommit=True) as conn:
         try:
             if registered:
+                conn.execute(SWEEP_LISTENERS)
                 conn.execute(REGISTER_LISTENER, {"channel": channel})
             conn.execute(listen)
             yield conn
@@ -67,6 +73,7 @@ async def listening_async(channel: str) -> AsyncIterator[psycopg.AsyncConnection
     async with await psycopg.AsyncConnection.connect(**params, autocommit=True) as conn:
         try:
             if registered:
+                await conn.execute(SWEEP_LISTENERS)
                 await conn.execute(REGISTER_LISTENER, {"channel": channel})
             await conn.execute(listen)
             yield conn

@@ -12,7 +12,13 @@ import pytest
 from task_queue import operations
 from task_queue.listen import connection_params, listening
 from task_queue.operations import TaskSpec
-from task_queue.sql.channels import EVENTS_CHANNEL, NOTIFY_CHANNEL, TASK_CHANGES_CHANNEL
+from task_queue.sql.channels import (
+    EVENTS_CHANNEL,
+    NOTIFY_CHANNEL,
+    REGISTER_LISTENER,
+    SWEEP_LISTENERS,
+    TASK_CHANGES_CHANNEL,
+)
 from task_queue.sql.db import execute, fetch
 from tests.support.queue import complete_pending
 
@@ -84,19 +90,36 @@ def test_the_rows_of_listeners_that_ended_without_a_word_are_swept():
     assert rows == [(EVENTS_CHANNEL, True)]
 
 
+def _stale_row(channel: str, pid: int) -> None:
+    """The row of a backend killed without a word, whose process id ``pid`` took."""
+    execute(
+        "INSERT INTO channel_listeners (channel, backend_pid, since) "
+        "VALUES (%(channel)s, %(pid)s, now() - interval '1 hour')",
+        {"channel": channel, "pid": pid},
+    )
+
+
 def test_a_row_whose_process_id_a_newer_backend_took_is_swept():
-    """A backend killed without a word, and its process id reused by one that does not
-    listen: the row is older than that backend, so it no longer says anyone listens."""
+    """Its process id reused by a backend that does not listen: the row is older than
+    that backend, so it no longer says anyone listens."""
     with psycopg.connect(**connection_params(), autocommit=True) as newer:
-        pid = newer.info.backend_pid
-        execute(
-            "INSERT INTO channel_listeners (channel, backend_pid, since) "
-            "VALUES (%(channel)s, %(pid)s, now() - interval '1 hour')",
-            {"channel": TASK_CHANGES_CHANNEL, "pid": pid},
-        )
+        _stale_row(TASK_CHANGES_CHANNEL, newer.info.backend_pid)
         with listening(EVENTS_CHANNEL):
             rows = fetch("SELECT channel FROM channel_listeners", {})
     assert rows == [(EVENTS_CHANNEL,)]
+
+
+def test_a_stale_row_of_the_registering_process_id_and_channel_leaves_it_registered():
+    """The sweep runs before the registration, as ``listening`` runs them: the stale
+    row goes and the listener's own row is written (in one statement, the INSERT found
+    the stale row and added nothing, and the DELETE then removed it)."""
+    with psycopg.connect(**connection_params(), autocommit=True) as conn:
+        _stale_row(TASK_CHANGES_CHANNEL, conn.info.backend_pid)
+        conn.execute(SWEEP_LISTENERS)
+        conn.execute(REGISTER_LISTENER, {"channel": TASK_CHANGES_CHANNEL})
+        rows = fetch("SELECT channel, backend_pid, since > now() - interval '1 minute' "
+                     "FROM channel_listeners", {})  # fmt: skip
+        assert rows == [(TASK_CHANGES_CHANNEL, conn.info.backend_pid, True)]
 
 
 def test_only_the_channels_notified_on_demand_register():

@@ -44,8 +44,8 @@ def test_a_message_is_cut_and_made_storable():
     task.progress(1, "nul\x00" + "\ud800" + "x" * 500)
     fraction, message = task.reported_progress
     assert fraction == 1.0 and isinstance(fraction, float)
-    assert len(message) <= PROGRESS_MESSAGE_MAX_CHARS
-    assert message.startswith("nul\ufffd?x") and "characters cut" in message
+    assert len(message) == PROGRESS_MESSAGE_MAX_CHARS
+    assert message.startswith("nul\ufffd?x")
     with pytest.raises(TypeError):
         task.progress(0.5, 3)
 

@@ -146,9 +146,9 @@ def stop() -> bool:
     if not status()["running"]:
         return False
     pgdata = data_dir()
-    with _lock(pgdata):
+    with _one_thread, _lock(pgdata):
         _start(pgdata).stop()
-    _ready.clear()
+        _ready.clear()
     return True
 
 

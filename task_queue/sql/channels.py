@@ -18,22 +18,26 @@ TASK_CHANGES_CHANNEL = "automechanica_task_changes"
 EVENTS_CHANNEL = "automechanica_events"
 
 # The channels above, whose triggers notify only while someone listens: a connection
-# that listens on one registers in channel_listeners (migration queue 0026) first,
-# and the rows of connections that ended without deleting theirs are swept away:
-# those whose backend is gone, or whose process id a backend started since has taken
-# (it started after the row was written). pg_stat_activity hides backend_start of
-# another role's backends from a role without pg_read_all_stats: such a row is kept.
+# that listens on one registers in channel_listeners (migration queue 0026) first.
+# Before it does, the rows of connections that ended without deleting theirs are swept
+# away: those whose backend is gone, or whose process id a backend started since has
+# taken (it started after the row was written; `since` is the registering
+# transaction's start, never before its own backend's). pg_stat_activity hides
+# backend_start of another role's backends from a role without pg_read_all_stats:
+# such a row is kept. The sweep is a statement of its own: in one statement with the
+# INSERT, the INSERT would find a stale row of its own channel and process id and add
+# nothing, and the DELETE would then remove that row, leaving the listener unregistered.
 # (Workers and message readers always listen on theirs: no registration.)
 REGISTERED_CHANNELS = frozenset({TASK_CHANGES_CHANNEL, EVENTS_CHANNEL})
-REGISTER_LISTENER = """
-WITH gone AS (
-    DELETE FROM channel_listeners l
-    WHERE NOT EXISTS (
-        SELECT FROM pg_stat_activity a
-        WHERE a.pid = l.backend_pid
-          AND (a.backend_start IS NULL OR a.backend_start <= l.since)
-    )
+SWEEP_LISTENERS = """
+DELETE FROM channel_listeners l
+WHERE NOT EXISTS (
+    SELECT FROM pg_stat_activity a
+    WHERE a.pid = l.backend_pid
+      AND (a.backend_start IS NULL OR a.backend_start <= l.since)
 )
+"""
+REGISTER_LISTENER = """
 INSERT INTO channel_listeners (channel, backend_pid)
 VALUES (%(channel)s, pg_backend_pid())
 ON CONFLICT (channel, backend_pid) DO NOTHING
