@@ -8,6 +8,9 @@
 - ``automechanica_task_queue_wait_seconds`` and ``automechanica_task_run_seconds``
   histograms per agent, likewise;
 - ``automechanica_workers_alive{agent}`` and ``automechanica_oldest_pending_age_seconds{agent}``;
+- ``automechanica_oldest_horizon_transaction_age_seconds``: the oldest open transaction
+  that keeps PostgreSQL from removing dead row versions (``reading``), which makes
+  claims slower the longer it stays open;
 - for agents with limits (``task_queue.limits``): ``automechanica_agent_concurrency_limit``
   and ``..._concurrency_in_use`` (tasks leased or running), ``..._rate_limit`` (starts
   per window), ``..._rate_limit_period_seconds`` and ``..._rate_in_use`` (starts in
@@ -119,6 +122,12 @@ class QueueCollector:
         for agent, age in sorted(reading.oldest_pending_age_by_agent(agents).items()):
             oldest.add_metric([agent], age or 0.0)
         yield oldest
+        yield GaugeMetricFamily(
+            "automechanica_oldest_horizon_transaction_age_seconds",
+            "How long the oldest open transaction that holds back dead-row cleanup has "
+            "been open (0: none); while it is old, every claim costs more.",
+            value=reading.oldest_horizon_transaction_age(),
+        )
 
     def _limits(self) -> Iterator[Metric]:
         """Agents with limits only: an agent without one has no series."""

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from task_queue import metrics, operations
+from task_queue.listen import connection_params
 from task_queue.models import Task, TaskStatus
 from tests.support.api import token
 from tests.support.history import at, seed_history
@@ -84,3 +86,20 @@ def test_counters_and_histograms_add_rollups_and_what_came_after():
         assert found[echo("automechanica_workers_alive")] == 0  # heartbeats of 2026-11-20
     assert scrapes[0][echo("automechanica_tasks", status="dead")] == 1
     assert scrapes[-1][echo("automechanica_tasks", status="pending")] == 1  # the revived
+
+
+def test_an_open_transaction_that_holds_back_cleanup_shows_its_age():
+    """A REPEATABLE READ transaction keeps its snapshot: the gauge counts from its start.
+    (An autoanalyze of a test table may show up for a few milliseconds: the bounds
+    leave room for it.)"""
+    client, auth = Client(), {"HTTP_AUTHORIZATION": f"Bearer {token('read')}"}
+    name = ("automechanica_oldest_horizon_transaction_age_seconds", ())
+    with psycopg.connect(**connection_params()) as holder:
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT pg_sleep(0.3), count(*) FROM tasks").fetchone()
+        age = scrape(client, **auth)[name]
+        elapsed = "SELECT EXTRACT(EPOCH FROM clock_timestamp() - now())::float8"
+        (open_for,) = holder.execute(elapsed).fetchone()
+        assert 0.3 <= age <= open_for
+        holder.rollback()
+    assert scrape(client, **auth)[name] < 0.3

@@ -106,6 +106,28 @@ def oldest_pending_age_by_agent(agents: Sequence[str]) -> dict[str, float | None
     return dict(fetch(OLDEST_PENDING_AGE_BY_AGENT, {"agents": list(agents)}))
 
 
+# The transactions of this database that hold back the removal of dead row versions:
+# those with a snapshot (backend_xmin) or a transaction id (backend_xid) of their own.
+# While one is open, each claim steps over the lease-index entries of every task
+# claimed since it began (docs/performance.md, "A snapshot held open"). Plain VACUUM
+# does not hold the horizon back for others; ANALYZE does. A role without
+# pg_read_all_stats sees only its own role's transactions here.
+OLDEST_HORIZON_TRANSACTION_AGE = """
+SELECT COALESCE(EXTRACT(EPOCH FROM max(clock_timestamp() - xact_start)), 0)::float8
+FROM pg_stat_activity
+WHERE datname = current_database()
+  AND pid <> pg_backend_pid()
+  AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+  AND NOT (backend_type = 'autovacuum worker' AND query NOT LIKE '%%ANALYZE%%')
+"""
+
+
+def oldest_horizon_transaction_age() -> float:
+    """Seconds the oldest transaction holding back dead-row cleanup has been open (0:
+    none)."""
+    return fetch(OLDEST_HORIZON_TRANSACTION_AGE, {})[0][0]
+
+
 def _api_time(column: str) -> str:
     """``column`` (timestamptz) as JSON text the way the API writes a time (Django's
     JSON encoder): UTC, milliseconds cut rather than rounded, no fraction when there
