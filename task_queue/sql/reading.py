@@ -109,16 +109,18 @@ def oldest_pending_age_by_agent(agents: Sequence[str]) -> dict[str, float | None
 # The transactions of this database that hold back the removal of dead row versions:
 # those with a snapshot (backend_xmin) or a transaction id (backend_xid) of their own.
 # While one is open, each claim steps over the lease-index entries of every task
-# claimed since it began (docs/performance.md, "A snapshot held open"). Plain VACUUM
-# does not hold the horizon back for others; ANALYZE does. A role without
-# pg_read_all_stats sees only its own role's transactions here.
+# claimed since it began (docs/performance.md, "A snapshot held open"). VACUUM does
+# not hold the horizon back for others; ANALYZE does, so an autovacuum worker counts
+# only while it analyses (its query says "VACUUM ANALYZE" through both phases). A role
+# without pg_read_all_stats sees only its own role's transactions here.
 OLDEST_HORIZON_TRANSACTION_AGE = """
 SELECT COALESCE(EXTRACT(EPOCH FROM max(clock_timestamp() - xact_start)), 0)::float8
 FROM pg_stat_activity
 WHERE datname = current_database()
   AND pid <> pg_backend_pid()
   AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
-  AND NOT (backend_type = 'autovacuum worker' AND query NOT LIKE '%%ANALYZE%%')
+  AND (backend_type <> 'autovacuum worker'
+       OR pid IN (SELECT pid FROM pg_stat_progress_analyze))
 """
 
 
