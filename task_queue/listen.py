@@ -48,36 +48,45 @@ def _listen(channel: str) -> str:
     return f"LISTEN {channel}"
 
 
+def _opening(channel: str) -> list[tuple[str, dict[str, str] | None]]:
+    """The statements that start listening on ``channel``: on a registered channel,
+    the sweep of stale rows and the registration first (task_queue.sql.channels)."""
+    listen = (_listen(channel), None)
+    if channel not in REGISTERED_CHANNELS:
+        return [listen]
+    return [(SWEEP_LISTENERS, None), (REGISTER_LISTENER, {"channel": channel}), listen]
+
+
+def _closing(channel: str) -> list[tuple[str, dict[str, str]]]:
+    """The statement that takes a registered listener's row back (none otherwise); a
+    lost connection cannot run it, and its row is swept by the next listener."""
+    return [(UNREGISTER_LISTENER, {"channel": channel})] if channel in REGISTERED_CHANNELS else []
+
+
 @contextmanager
 def listening(channel: str) -> Iterator[psycopg.Connection]:
     """A connection of its own, listening on ``channel``; read it with ``notifies()``."""
-    listen, registered = _listen(channel), channel in REGISTERED_CHANNELS
     with psycopg.connect(**connection_params(), autocommit=True) as conn:
         try:
-            if registered:
-                conn.execute(SWEEP_LISTENERS)
-                conn.execute(REGISTER_LISTENER, {"channel": channel})
-            conn.execute(listen)
+            for statement, params in _opening(channel):
+                conn.execute(statement, params)
             yield conn
         finally:
-            if registered:
-                with contextlib.suppress(psycopg.Error):  # a lost connection: swept later
-                    conn.execute(UNREGISTER_LISTENER, {"channel": channel})
+            with contextlib.suppress(psycopg.Error):
+                for statement, params in _closing(channel):
+                    conn.execute(statement, params)
 
 
 @asynccontextmanager
 async def listening_async(channel: str) -> AsyncIterator[psycopg.AsyncConnection]:
     """``listening`` for asyncio code (the dashboard's hub)."""
-    listen, registered = _listen(channel), channel in REGISTERED_CHANNELS
     params = await sync_to_async(connection_params)()
     async with await psycopg.AsyncConnection.connect(**params, autocommit=True) as conn:
         try:
-            if registered:
-                await conn.execute(SWEEP_LISTENERS)
-                await conn.execute(REGISTER_LISTENER, {"channel": channel})
-            await conn.execute(listen)
+            for statement, values in _opening(channel):
+                await conn.execute(statement, values)
             yield conn
         finally:
-            if registered:
-                with contextlib.suppress(psycopg.Error):
-                    await conn.execute(UNREGISTER_LISTENER, {"channel": channel})
+            with contextlib.suppress(psycopg.Error):
+                for statement, values in _closing(channel):
+                    await conn.execute(statement, values)
