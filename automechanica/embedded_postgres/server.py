@@ -178,6 +178,10 @@ def _start(pgdata: Path) -> Any:
         # server it started may be recovering still.
         if not _wait_while_starting(pgdata):
             raise
+        # The package keeps the handle whose start failed and would hand it back, with
+        # no server recorded in it: forget it, so the next one finds the running server.
+        handles = _pgserver("postgres_server").PostgresServer._instances
+        handles.pop(pgdata.expanduser().resolve(), None)
         server = _pgserver().get_server(pgdata, cleanup_mode=None, start=not is_new)
     if is_new:
         server.ensure_pgdata_inited()
