@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.management import call_command, get_commands
 from django.core.management.base import CommandError
@@ -37,6 +38,16 @@ def call(*args):
 
 def test_our_runworker_wins_over_channels():
     assert get_commands()["runworker"] == "task_queue"
+
+
+def test_only_runserver_loads_daphne():
+    """daphne's app makes ``runserver`` ASGI (WebSockets work there) but installs
+    Twisted's reactor as it loads: 0.6 s of every other command's start-up."""
+    assert "daphne" not in settings.INSTALLED_APPS
+    check = "import sys; print('twisted' in sys.modules)"
+    loaded = run_manage("shell", "--no-imports", "-c", check)
+    assert loaded.stdout.strip() == "False", loaded.stderr
+    assert "--noasgi" in run_manage("runserver", "--help").stdout  # daphne's runserver
 
 
 def test_enqueue_prints_one_id_per_line():

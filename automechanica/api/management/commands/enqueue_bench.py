@@ -2,8 +2,10 @@
 
 - ``api``: ``POST /api/v1/tasks`` with ``--batch`` tasks per request against a real
   daphne this command starts (a ``write`` token it makes and revokes), ``--requests``
-  requests one after another on one keep-alive connection; from the first request
-  sent to the last answer read, every answer checked (201, every task new).
+  requests one after another on one keep-alive connection (or shared among
+  ``--connections`` connections sending at once, as an orchestrator with several
+  threads would); from the first request sent to the last answer read, every answer
+  checked (201, every task new).
 - ``cli``: ``manage.py enqueue EchoAgent echo --count N`` as a subprocess, its wall
   time from start to exit (Python and Django start-up included) with its ids read.
 - ``python``: ``enqueue_many`` of N tasks in this process (the queue's own cost).
@@ -25,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -50,19 +53,27 @@ class Command(BaseCommand):
         parser.add_argument("--mode", choices=MODES, action="append", help="all by default")
         parser.add_argument("--requests", type=int, default=50, help="API requests (50)")
         parser.add_argument("--batch", type=int, default=1000, help="tasks per request (1000)")
+        parser.add_argument(
+            "--connections", type=int, default=1,
+            help="API connections sending at once, the requests shared among them (1)",
+        )  # fmt: skip
         parser.add_argument("--count", type=int, default=100_000, help="CLI/python tasks")
         parser.add_argument("--repeat", type=int, default=3, help="runs of each mode (3)")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        for name in ("requests", "batch", "count", "repeat"):
+        for name in ("requests", "batch", "connections", "count", "repeat"):
             if options[name] < 1:
                 raise CommandError(f"--{name} must be at least 1")
+        if options["connections"] > options["requests"]:
+            raise CommandError("--connections must be at most --requests")
         if options["batch"] > 1000:
             raise CommandError("--batch must be at most 1000 (the API's limit)")
         modes = options["mode"] or list(MODES)
         runs: dict[str, Callable[[], float]] = {
-            "api": lambda: _api_run(server, options["requests"], options["batch"]),
+            "api": lambda: _api_run(
+                server, options["requests"], options["batch"], options["connections"]
+            ),
             "cli": lambda: _cli_run(options["count"]),
             "python": lambda: _python_run(options["count"]),
         }
@@ -76,6 +87,8 @@ class Command(BaseCommand):
                     "median": round(statistics.median(rates)),
                     "range": [round(min(rates)), round(max(rates))],
                 }
+            if "api" in report:
+                report["api"]["connections"] = options["connections"]
         finally:
             if server is not None:
                 server.stop()
@@ -136,7 +149,7 @@ class _Server:
         self.token_row.delete()
 
 
-def _api_run(server: _Server, requests: int, batch: int) -> float:
+def _api_run(server: _Server, requests: int, batch: int, connections: int) -> float:
     bodies = [
         json.dumps(
             [{"agent_name": AGENT, "task_type": TASK_TYPE, "payload": {"n": r * batch + i}}
@@ -144,11 +157,24 @@ def _api_run(server: _Server, requests: int, batch: int) -> float:
         ).encode()
         for r in range(requests)
     ]  # fmt: skip
+    ids: list[UUID] = []  # every thread's, for the clean-up (list.extend is atomic)
+    try:
+        with ThreadPoolExecutor(connections) as pool:
+            started = time.perf_counter()
+            shares = [bodies[k::connections] for k in range(connections)]
+            for sent in [pool.submit(_send, server, share, batch, ids) for share in shares]:
+                sent.result()
+            elapsed = time.perf_counter() - started
+    finally:
+        bench_sql.delete_tasks(ids)
+    return requests * batch / elapsed
+
+
+def _send(server: _Server, bodies: list[bytes], batch: int, ids: list[UUID]) -> None:
+    """``bodies`` one after another on one keep-alive connection, each answer checked."""
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {server.token}"}
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
-    ids: list[UUID] = []
     try:
-        started = time.perf_counter()
         for body in bodies:
             connection.request("POST", "/api/v1/tasks", body=body, headers=headers)
             response = connection.getresponse()
@@ -156,11 +182,8 @@ def _api_run(server: _Server, requests: int, batch: int) -> float:
             if response.status != 201 or answer.get("created") != batch:
                 raise CommandError(f"the API answered {response.status}: {answer}")
             ids.extend(UUID(item["id"]) for item in answer["items"])
-        elapsed = time.perf_counter() - started
     finally:
         connection.close()
-        bench_sql.delete_tasks(ids)
-    return requests * batch / elapsed
 
 
 def _cli_run(count: int) -> float:
