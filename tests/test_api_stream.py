@@ -17,8 +17,10 @@ from automechanica.api import stream, stream_hub
 from automechanica.api.models import ApiToken
 from task_queue import event_stream
 from task_queue.models import Task
+from task_queue.sql.channels import EVENTS_CHANNEL
 from tests.support.api import token
 from tests.support.server import http
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -184,6 +186,27 @@ def listeners() -> int:
             "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN automechanica_events'"
         )
         return cursor.fetchone()[0]
+
+
+def registered_listeners() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM channel_listeners WHERE channel = %s", [EVENTS_CHANNEL]
+        )
+        return cursor.fetchone()[0]
+
+
+def test_a_server_listens_only_while_a_stream_is_open(live_servers):
+    """With no stream open the process stops listening, so the trigger on the event
+    outbox stops notifying (``channel_listeners``); the next client starts it again."""
+    server = live_servers()
+    reader, writer = token("read"), token("write")
+    for _ in range(2):
+        with open_stream(server, reader) as socket:
+            create(server, writer, [echo()])
+            assert json.loads(socket.recv(timeout=30))["kind"] == "evt.task.created.v1"
+            assert registered_listeners() == 1
+        wait_for(lambda: registered_listeners() == 0, what="the server to stop listening")
 
 
 def test_a_token_bound_to_agents_sees_only_their_messages(live_servers):

@@ -4,7 +4,8 @@ Whatever the number of clients, a process costs the database one LISTEN (on
 ``EVENTS_CHANNEL``, which a trigger notifies once per transaction that writes
 envelopes) and one read per wake-up: the hub reads the new events once, in position
 order, and hands each to the clients whose filters it passes. Like the dashboard's
-hub (``automechanica.dashboard.live``) it starts with the first client and uses the
+hub (``automechanica.dashboard.live``) it starts with the first client, stops with
+the last (so that the trigger stops notifying: ``channel_listeners``), and uses the
 one LISTEN loop (``task_queue.listen``).
 
 Reading is ``event_stream.next_batch``, which first gives committed events their
@@ -85,27 +86,46 @@ class StreamHub:
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Clients between join's start and their place in ``subscribers``: the hub
+        # does not stop under them.
+        self._joining = 0
 
     async def join(self, subscriber: Subscriber) -> None:
         """Add a client once the hub listens; ``subscriber.start`` is then set."""
         loop = asyncio.get_running_loop()
-        if self._loop is not loop:  # first client, or a new event loop (tests)
-            if self._task is not None:
-                with contextlib.suppress(RuntimeError):  # its loop is closed already
-                    self._task.cancel()
+        if self._loop is not loop:  # a new event loop (tests)
+            self._stop()
             self._loop = loop
             self.listening, self._lock = asyncio.Event(), asyncio.Lock()
             self.subscribers = set()
+        if self._task is None:  # the first client
             self._task = loop.create_task(self._run())
-        await self.listening.wait()
-        async with self._lock:
-            if not self.subscribers:  # nothing was read while no one listened
-                self.head = await database_sync_to_async(event_stream.head)()
-            subscriber.start = self.head
-            self.subscribers.add(subscriber)
+        self._joining += 1
+        try:
+            await self.listening.wait()
+            async with self._lock:
+                if not self.subscribers:  # nothing was read while no one listened
+                    self.head = await database_sync_to_async(event_stream.head)()
+                subscriber.start = self.head
+                self.subscribers.add(subscriber)
+        finally:
+            self._joining -= 1
+            self._stop_unless_used()
 
     def leave(self, subscriber: Subscriber) -> None:
         self.subscribers.discard(subscriber)
+        self._stop_unless_used()
+
+    def _stop_unless_used(self) -> None:
+        if not self.subscribers and not self._joining:
+            self._stop()
+
+    def _stop(self) -> None:
+        if self._task is not None:
+            with contextlib.suppress(RuntimeError):  # its loop is closed already
+                self._task.cancel()
+        self._task = None
+        self.listening.clear()
 
     async def _run(self) -> None:
         while True:
