@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -100,7 +101,8 @@ class Command(BaseCommand):
             low, high = report[mode]["range"]
             self.stdout.write(
                 f"{mode}: median {report[mode]['median']} tasks/s ({low}–{high}, "
-                f"{options['repeat']} runs)"
+                f"{options['repeat']} runs"
+                + (f", {options['connections']} connections)" if mode == "api" else ")")
             )
 
 
@@ -157,31 +159,49 @@ def _api_run(server: _Server, requests: int, batch: int, connections: int) -> fl
         ).encode()
         for r in range(requests)
     ]  # fmt: skip
-    ids: list[UUID] = []  # every thread's, for the clean-up (list.extend is atomic)
+    shares = [bodies[k::connections] for k in range(connections)]
+    made: list[list[UUID]] = [[] for _ in shares]  # each connection's tasks, to delete
+    stop = threading.Event()  # set when a connection fails or the run is interrupted
     try:
         with ThreadPoolExecutor(connections) as pool:
-            started = time.perf_counter()
-            shares = [bodies[k::connections] for k in range(connections)]
-            for sent in [pool.submit(_send, server, share, batch, ids) for share in shares]:
-                sent.result()
-            elapsed = time.perf_counter() - started
-    finally:
-        bench_sql.delete_tasks(ids)
+            try:
+                started = time.perf_counter()
+                sending = [
+                    pool.submit(_send, server, share, batch, ids, stop)
+                    for share, ids in zip(shares, made, strict=True)
+                ]
+                for sent in sending:
+                    sent.result()
+                elapsed = time.perf_counter() - started
+            except BaseException:
+                stop.set()  # the others stop before their next request
+                raise
+    finally:  # every connection has stopped: the pool waited for them
+        bench_sql.delete_tasks([task_id for ids in made for task_id in ids])
     return requests * batch / elapsed
 
 
-def _send(server: _Server, bodies: list[bytes], batch: int, ids: list[UUID]) -> None:
-    """``bodies`` one after another on one keep-alive connection, each answer checked."""
+def _send(
+    server: _Server, bodies: list[bytes], batch: int, ids: list[UUID], stop: threading.Event
+) -> None:
+    """``bodies`` one after another on one keep-alive connection, each answer checked
+    and its tasks' ids added to ``ids``; it stops early once ``stop`` is set."""
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {server.token}"}
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
     try:
         for body in bodies:
+            if stop.is_set():
+                return
             connection.request("POST", "/api/v1/tasks", body=body, headers=headers)
             response = connection.getresponse()
             answer = json.loads(response.read())
+            if response.status == 201:  # new tasks (the bench's have no idempotency keys)
+                ids.extend([UUID(item["id"]) for item in answer["items"]])
             if response.status != 201 or answer.get("created") != batch:
                 raise CommandError(f"the API answered {response.status}: {answer}")
-            ids.extend(UUID(item["id"]) for item in answer["items"])
+    except BaseException:
+        stop.set()
+        raise
     finally:
         connection.close()
 
