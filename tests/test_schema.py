@@ -73,6 +73,18 @@ def test_tasks_are_vacuumed_after_a_fixed_number_of_dead_row_versions():
     }
 
 
+def test_tables_that_grow_with_every_task_are_vacuumed_and_analysed_without_pauses():
+    """An autoanalyse of them holds back the cleanup of claimed tasks' index entries
+    while it runs; without cost-based pauses it runs several times shorter (migrations
+    queue 0027 and agents_app 0009)."""
+    tables = ["task_history", "event_outbox", "agent_events", "embedding_jobs", "tasks"]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT relname, reloptions FROM pg_class WHERE relname = ANY(%s)", [tables])
+        options = dict(cursor.fetchall())
+    for table in tables:
+        assert "autovacuum_vacuum_cost_delay=0" in options[table], table
+
+
 def test_pgvector_is_enabled():
     with connection.cursor() as cursor:
         cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
