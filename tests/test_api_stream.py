@@ -19,6 +19,7 @@ from task_queue import event_stream
 from task_queue.models import Task
 from task_queue.sql.channels import EVENTS_CHANNEL
 from tests.support.api import token
+from tests.support.database import registered_listeners
 from tests.support.server import http
 from tests.support.waiting import wait_for
 
@@ -188,14 +189,6 @@ def listeners() -> int:
         return cursor.fetchone()[0]
 
 
-def registered_listeners() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM channel_listeners WHERE channel = %s", [EVENTS_CHANNEL]
-        )
-        return cursor.fetchone()[0]
-
-
 def test_a_server_listens_only_while_a_stream_is_open(live_servers):
     """With no stream open the process stops listening, so the trigger on the event
     outbox stops notifying (``channel_listeners``); the next client starts it again."""
@@ -205,8 +198,10 @@ def test_a_server_listens_only_while_a_stream_is_open(live_servers):
         with open_stream(server, reader) as socket:
             create(server, writer, [echo()])
             assert json.loads(socket.recv(timeout=30))["kind"] == "evt.task.created.v1"
-            assert registered_listeners() == 1
-        wait_for(lambda: registered_listeners() == 0, what="the server to stop listening")
+            assert registered_listeners(EVENTS_CHANNEL) == 1
+        wait_for(
+            lambda: registered_listeners(EVENTS_CHANNEL) == 0, what="the server to stop listening"
+        )
 
 
 def test_a_token_bound_to_agents_sees_only_their_messages(live_servers):

@@ -11,7 +11,6 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
-from django.db import connection
 from django.test import Client
 
 from automechanica.asgi import application
@@ -19,6 +18,7 @@ from automechanica.dashboard import consumers
 from automechanica.dashboard.live import hub
 from task_queue import operations
 from task_queue.sql.channels import TASK_CHANGES_CHANNEL
+from tests.support.database import registered_listeners
 from tests.support.queue import complete_pending, fail_pending
 from tests.support.waiting import wait_for
 
@@ -251,14 +251,6 @@ def test_a_workflow_page_follows_its_progress():
     assert "completed 1" in last
 
 
-def _hub_listeners() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM channel_listeners WHERE channel = %s", [TASK_CHANGES_CHANNEL]
-        )
-        return cursor.fetchone()[0]
-
-
 def test_the_hub_listens_only_while_a_page_is_open():
     # While it listens, every change of tasks notifies; with no page open, none does
     # (channel_listeners, migration queue 0026).
@@ -269,10 +261,11 @@ def test_the_hub_listens_only_while_a_page_is_open():
         communicator = socket("/ws/dead-letter/", cookie)
         assert (await communicator.connect())[0]
         await asyncio.wait_for(hub.listening.wait(), 10)
-        assert await sync_to_async(_hub_listeners)() == 1
+        assert await sync_to_async(registered_listeners)(TASK_CHANGES_CHANNEL) == 1
         await communicator.disconnect()
         await sync_to_async(wait_for)(
-            lambda: _hub_listeners() == 0, what="the hub to stop listening"
+            lambda: registered_listeners(TASK_CHANGES_CHANNEL) == 0,
+            what="the hub to stop listening",
         )
 
     async def open_again() -> str:

@@ -27,3 +27,8 @@ def count_rows(sql: str, params: list | None = None) -> int:
     with connection.cursor() as cursor:
         cursor.execute(sql, params or [])
         return cursor.fetchone()[0]
+
+
+def registered_listeners(channel: str) -> int:
+    """Connections registered as listening on ``channel`` (``channel_listeners``)."""
+    return count_rows("SELECT count(*) FROM channel_listeners WHERE channel = %s", [channel])
