@@ -12,7 +12,7 @@
   after the rollups (the daily report's guard reads them);
 - once a minute, the task counters of backends that ended folded into one row per
   agent and status (``task_queue.sql.counts``), so the counters stay a few rows per
-  live connection.
+  live connection, and the finish counters past their reach (70 minutes) deleted.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ def collect_blobs() -> str | None:
 
 def fold_task_counts() -> None:
     counts.fold_ended_backends()
+    counts.drop_old_finish_buckets()
 
 
 # How often the counters of ended backends are folded.

@@ -6,13 +6,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import pytest
+from django.db.models import F
 
 from task_queue import metrics, operations
-from task_queue.models import HISTOGRAM_BOUNDS, RollupProgress, TaskQueueMetric
-from task_queue.sql import db, locks
+from task_queue.models import HISTOGRAM_BOUNDS, RollupProgress, Task, TaskQueueMetric
+from task_queue.operations import TaskSpec
+from task_queue.sql import counts, db, locks, reading
 from tests.support.history import T0, at, seed_history
 from tests.support.processes import run_manage
-from tests.support.queue import complete_pending
+from tests.support.queue import complete_pending, fail_pending
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -148,20 +150,64 @@ def rows_of_agent(agent: str) -> list[dict]:
     )
 
 
-def test_the_overview_charts_read_the_minute_rollups():
+def test_the_overview_and_the_api_count_what_finished_from_the_finish_counters():
+    """The chart's minutes and the 1/5/15-minute windows come from the finish counters
+    (queue 0028), to the 10 seconds, whatever the rollups say."""
     from automechanica.dashboard.overview import take_snapshot
 
     now = db.database_clock()
-    rolled = metrics.bucket_floor(now, 60)
-    ten_minutes_ago = rolled - timedelta(minutes=10)
-    RollupProgress.objects.create(bucket_seconds=60, computed_until=rolled)
     TaskQueueMetric.objects.create(
-        bucket_start=ten_minutes_ago, bucket_seconds=60, agent_name="EchoAgent",
-        tasks_completed=7, tasks_dead=2,
+        bucket_start=metrics.bucket_floor(now, 60) - timedelta(minutes=10), bucket_seconds=60,
+        agent_name="EchoAgent", tasks_completed=7, tasks_dead=2,
     )  # fmt: skip
-    # A task finished in the minute not rolled up yet is counted from the tasks.
-    task_id = operations.enqueue("EchoAgent", "echo", {}).id
-    assert complete_pending("EchoAgent") == [task_id]
-    minutes = {minute: (done, failed) for minute, done, failed in take_snapshot().minutes}
-    assert minutes[ten_minutes_ago] == (7, 2)  # no task behind it: from the rollup
-    assert minutes[metrics.bucket_floor(db.database_clock(), 60)] == (1, 0)
+    operations.enqueue_many([TaskSpec("EchoAgent", "echo") for _ in range(4)])
+    done = complete_pending("EchoAgent")
+    operations.enqueue("EchoAgent", "echo", {})
+    fail_pending("EchoAgent", retryable=False)
+    # Finished 3, 10 and 20 minutes ago (the last outside every window), and over an
+    # hour ago (outside the chart).
+    for task_id, minutes in zip(done, (3, 10, 20, 65), strict=False):
+        Task.objects.filter(id=task_id).update(
+            finished_at=F("finished_at") - timedelta(minutes=minutes)
+        )
+    (activity,) = reading.recent_activity()
+    assert (activity.agent_name, activity.completed, activity.failed) == (
+        "EchoAgent", (0, 1, 2), (1, 1, 1),
+    )  # fmt: skip
+    charted = {minute: pair for minute, *pair in take_snapshot().minutes if pair != [0, 0]}
+    finished = {
+        metrics.bucket_floor(at, 60): status
+        for at, status in Task.objects.values_list("finished_at", "status")
+        if at >= metrics.bucket_floor(now, 60) - timedelta(minutes=59)
+    }
+    assert sorted(charted) == sorted(finished)  # not the rollup's minute
+    assert sum(done for done, _ in charted.values()) == 3
+    assert sum(failed for _, failed in charted.values()) == 1
+    assert counts.drop_old_finish_buckets() == 0  # 65 minutes: still in reach
+    Task.objects.filter(id=done[3]).update(finished_at=F("finished_at") - timedelta(minutes=10))
+    db.execute(
+        "INSERT INTO task_finish_counts VALUES (now() - interval '71 minutes', 'EchoAgent',"
+        " 'completed', 0, 1)",
+        {},
+    )
+    assert counts.drop_old_finish_buckets() == 1
+
+
+def test_the_latency_percentiles_read_only_the_latest_finished_tasks():
+    """However many tasks finished in the last 15 minutes, the percentiles read at most
+    the sample's worth of them, newest first, from tasks_finished_idx."""
+    operations.enqueue_many([TaskSpec("EchoAgent", "echo") for _ in range(60)])
+    complete_pending("EchoAgent")
+    db.execute("ANALYZE tasks", {})
+    ((plan,),) = db.fetch(
+        "EXPLAIN (ANALYZE, FORMAT JSON) " + reading.RECENT_TIMINGS, {"sample": 10}
+    )
+    scans = [node for node in plan_nodes(plan[0]["Plan"]) if node.get("Relation Name") == "tasks"]
+    assert [scan["Index Name"] for scan in scans] == ["tasks_finished_idx"]
+    assert scans[0]["Scan Direction"] == "Backward" and scans[0]["Actual Rows"] == 10
+    (activity,) = reading.recent_activity()
+    assert activity.completed[2] == 60 and activity.run_seconds is not None
+
+
+def plan_nodes(node: dict) -> list[dict]:
+    return [node] + [n for child in node.get("Plans", ()) for n in plan_nodes(child)]

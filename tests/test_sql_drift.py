@@ -27,6 +27,7 @@ APPS = ["task_queue", "agents_app", "workflows", "automechanica"]
 STATUS_ENUMS = {
     "tasks": TaskStatus,
     "task_counts": TaskStatus,  # the running totals of tasks by status
+    "task_finish_counts": TaskStatus,  # and of the tasks finished lately
     "embedding_jobs": EmbeddingJobStatus,
     "agent_messages": MessageStatus,
     "agent_publication_deliveries": MessageStatus,

@@ -1,5 +1,6 @@
-"""The running totals of tasks by agent and status (``task_queue.sql.counts``, kept by
-the triggers of migration ``queue 0013``) equal a full count of the table, whatever
+"""The running totals of tasks by agent and status, and of the tasks finished in the
+last hour by 10-second bucket (``task_queue.sql.counts``, kept by the triggers of
+migrations ``queue 0014`` and ``0028``), equal a full count of the table, whatever
 path changed the tasks: enqueue, real workers completing, failing and retrying, the
 reaper after a SIGKILL, revive, cancel, run now, retention, deletes, a TRUNCATE."""
 
@@ -14,7 +15,7 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection, transaction
-from django.db.models import Count
+from django.db.models import Count, F
 from django.test import Client
 
 from task_queue import operations, retention, stats
@@ -40,17 +41,40 @@ def running_totals() -> dict[tuple[str, str], int]:
     return {(agent, status): n for agent, status, n in stats.task_counts()}
 
 
+# The tasks finished in the last hour by (10-second bucket, agent, status): as the
+# finish counters sum them, and as a count of the table.
+FINISHES_COUNTED = """
+SELECT bucket_start, agent_name, status, sum(n)::bigint FROM task_finish_counts
+WHERE bucket_start >= now() - interval '1 hour'
+GROUP BY 1, 2, 3 HAVING sum(n) <> 0
+"""
+FINISHES_OF_TASKS = """
+SELECT date_bin('10 seconds', finished_at, 'epoch'), agent_name, status, count(*)
+FROM tasks
+WHERE status IN ('completed', 'failed', 'dead', 'cancelled')
+  AND date_bin('10 seconds', finished_at, 'epoch') >= now() - interval '1 hour'
+GROUP BY 1, 2, 3
+"""
+
+
+def finishes(statement: str) -> dict[tuple, int]:
+    return {tuple(key): n for *key, n in db.fetch(statement, {})}
+
+
 def assert_exact() -> None:
     """Both read in one snapshot, so they must agree even while workers write (a
     test already in a transaction has no other writer)."""
     if connection.in_atomic_block:
         assert running_totals() == full_count()
+        assert finishes(FINISHES_COUNTED) == finishes(FINISHES_OF_TASKS)
         return
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         totals, counted = running_totals(), full_count()
+        finish_totals, finishes_counted = finishes(FINISHES_COUNTED), finishes(FINISHES_OF_TASKS)
     assert totals == counted
+    assert finish_totals == finishes_counted
 
 
 def shards() -> set[int]:
@@ -80,10 +104,23 @@ def test_the_totals_follow_every_kind_of_statement():
     Task.objects.filter(id__in=five).delete()
     assert_exact()
     assert running_totals()[("EchoAgent", "completed")] == 7
+    # Finish times moved back (as test_metrics does) and out of the last hour.
+    completed = Task.objects.filter(status=TaskStatus.COMPLETED)
+    completed.filter(id__in=list(completed.values_list("id", flat=True)[:3])).update(
+        finished_at=F("finished_at") - timedelta(minutes=7)
+    )
+    completed.filter(id__in=list(completed.values_list("id", flat=True)[:1])).update(
+        finished_at=F("finished_at") - timedelta(minutes=75)
+    )
+    assert_exact()
+    # 6 completed (one moved out of the hour), 2 cancelled by the operator (the
+    # FitmentAgent tasks set cancelled by hand have no finish time)
+    assert sum(finishes(FINISHES_COUNTED).values()) == 6 + 2
     with connection.cursor() as cursor:
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # no checks pending at TRUNCATE
         cursor.execute("TRUNCATE tasks CASCADE")
     assert running_totals() == {} == full_count()
+    assert finishes(FINISHES_COUNTED) == {}
 
 
 @pytest.mark.django_db

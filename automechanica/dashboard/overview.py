@@ -2,8 +2,9 @@
 
 At scale the tasks table is mostly finished tasks, so nothing here reads all of
 them: the counts by status are the running totals the writes keep
-(``task_queue.stats``); throughput, latency and the charts read only the last hour
-(the minute rollups, and ``tasks_finished_idx`` for the minutes since).
+(``task_queue.stats``), and so are throughput and the charts (the finish counters of
+the last hour, ``task_queue.sql.counts``); the latency percentiles read at most a few
+thousand of the latest finished tasks (``task_queue.sql.reading.recent_activity``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from django.utils import timezone
 
 from task_queue import limits, operations, registry, stats
 from task_queue.models import PausedAgent, RetentionRun, TaskStatus, Worker
-from task_queue.sql import reading
+from task_queue.sql import counts, reading
 
 CHART_MINUTES = 60
 
@@ -115,7 +116,7 @@ def worker_lines(now: datetime) -> list[WorkerLine]:
 
 def _minutes(now: datetime) -> list[tuple[datetime, int, int]]:
     """The last hour minute by minute, with the minutes that had nothing filled in."""
-    found = {minute: (done, failed) for minute, done, failed in reading.finished_per_minute()}
+    found = {minute: (done, failed) for minute, done, failed in counts.finished_per_minute()}
     last = now.replace(second=0, microsecond=0)
     minutes = [last - timedelta(minutes=m) for m in range(CHART_MINUTES - 1, -1, -1)]
     return [(m, *found.get(m, (0, 0))) for m in minutes]

@@ -96,8 +96,9 @@ def list_workers(request: HttpRequest):
 
 @router.get("/metrics", auth=READ, response={200: MetricsOut, **ERROR_RESPONSES})
 def metrics(request: HttpRequest):
-    """Counts by agent × status, throughput over the last 1/5/15 minutes, and queue
-    wait and run time percentiles of the tasks that finished in the last 15 minutes."""
+    """Counts by agent × status, throughput over the last 1/5/15 minutes (to the 10
+    seconds), and queue wait and run time percentiles of the latest 5,000 tasks that
+    finished in the last 15 minutes (all of them, if fewer finished)."""
     stats = queue_stats()
     recent = {a.agent_name: a for a in reading.recent_activity()}
     agents = {}
