@@ -207,6 +207,14 @@ def test_the_latency_percentiles_read_only_the_latest_finished_tasks():
     assert scans[0]["Scan Direction"] == "Backward" and scans[0]["Actual Rows"] == 10
     (activity,) = reading.recent_activity()
     assert activity.completed[2] == 60 and activity.run_seconds is not None
+    # A dead-letter task cancelled now, three hours after its last start: in the
+    # sample, not in the run times.
+    operations.enqueue("EchoAgent", "echo", {})
+    ((failed_id, *_),) = fail_pending("EchoAgent", retryable=False)
+    Task.objects.filter(id=failed_id).update(started_at=F("started_at") - timedelta(hours=3))
+    operations.cancel([failed_id], actor="metrics-test")
+    (activity,) = reading.recent_activity()
+    assert activity.run_seconds is not None and activity.run_seconds[2] < 60
 
 
 def plan_nodes(node: dict) -> list[dict]:

@@ -400,8 +400,11 @@ class AgentMetrics(Schema):
     counts: dict[TaskStatusName, int]
     completed: dict[Literal["1m", "5m", "15m"], int]
     failed: dict[Literal["1m", "5m", "15m"], int] = Field(description="failed or dead")
-    queue_wait_seconds: Percentiles | None = Field(description="due → started, last 15 min")
-    run_seconds: Percentiles | None = Field(description="started → finished, last 15 min")
+    queue_wait_seconds: Percentiles | None = Field(
+        description="due → started, of the latest 5,000 tasks (of all agents) that ran "
+        "and finished in the last 15 minutes"
+    )
+    run_seconds: Percentiles | None = Field(description="started → finished, of the same tasks")
 
 
 class MetricsOut(Schema):

@@ -12,11 +12,13 @@ from django.db import migrations
 # statement's transaction, on every path that changes tasks. A task counts in the
 # bucket of its finished_at while its status is final, so a revive, a delete or an
 # edit of finished_at moves or removes it, as a count of the table would. Only tasks
-# finished less than REACH before the writing statement began are counted. Readers
-# look back at most an hour, and a reader's statement begins after the statements it
-# sees began, less the age of its own transaction (kept under REACH - 1 hour), so
-# every bucket it reads was in reach of every write that touched it. Maintenance
-# deletes buckets past the reach (task_queue.sql.counts.DROP_OLD_FINISH_BUCKETS).
+# finished less than REACH before the writing transaction began (its now()) are
+# counted. Readers look back at most an hour from their own now(); every write a
+# reader sees began before the reader's snapshot was taken, so as long as the reader's
+# transaction is younger than REACH - 1 hour (10 minutes; the dashboard's and the
+# API's are short), every bucket it reads was in reach of every write that touched
+# it. Maintenance deletes buckets past the reach
+# (task_queue.sql.counts.DROP_OLD_FINISH_BUCKETS).
 #
 # Triggers of their own rather than more work in 0014's: PostgreSQL builds a
 # statement's transition tables once for all its triggers, so the cost is one more

@@ -183,8 +183,8 @@ class Task(models.Model):
                 condition=models.Q(status__in=HELD_STATUSES),
                 name="tasks_held_lease_idx",
             ),
-            # Throughput and latency over the last minutes (the metrics endpoint): one
-            # entry per task, taken when it reaches its final status.
+            # The latest finished tasks' latency (the overview, the metrics endpoint)
+            # and retention: one entry per task, taken when it reaches its final status.
             models.Index(
                 fields=["finished_at"],
                 condition=models.Q(status__in=FINAL_STATUSES),

@@ -55,7 +55,8 @@ def fold_ended_backends() -> int:
 
 
 # What finished in the last 1, 5 and 15 minutes per agent (the overview, its live
-# snapshot, GET /api/v1/metrics), from the finish counters (task_finish_counts,
+# snapshot, GET /api/v1/metrics; readers of these counters must read them in a
+# transaction under 10 minutes old: migration 0028), from the finish counters (task_finish_counts,
 # migration queue 0028) instead of the tasks: the cost does not grow with the queue's
 # throughput. A window is the 10-second buckets that began in it, so it reaches back
 # between 10 s less than its length and its length.
@@ -103,9 +104,17 @@ def finished_per_minute() -> list[tuple[datetime, int, int]]:
 
 
 # Buckets past the reach of migration 0028's triggers (70 minutes), which no reader
-# reads any more (they look back an hour at most).
+# reads any more (they look back an hour at most). SKIP LOCKED: a row a writer holds
+# is left for the next pass, so this never waits on a writer or deadlocks with one.
 DROP_OLD_FINISH_BUCKETS = """
-DELETE FROM task_finish_counts WHERE bucket_start < now() - interval '70 minutes'
+WITH old AS (
+    SELECT bucket_start, agent_name, status, shard FROM task_finish_counts
+    WHERE bucket_start < now() - interval '70 minutes'
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM task_finish_counts c USING old
+WHERE (c.bucket_start, c.agent_name, c.status, c.shard)
+    = (old.bucket_start, old.agent_name, old.status, old.shard)
 """
 
 
