@@ -107,7 +107,9 @@ def test_the_dead_letter_is_counted_and_chosen_in_its_own_table():
         assert search.count() == 1
         assert '"tasks"' not in str(search.query)  # no task's row is read to filter
     # A page's tasks are read by key, in the statement that picks them.
-    assert [task.error_info["type"] for task in DeadLetterRows(page)[0:50]] == ["Boom"]
+    assert [task.error_info["type"] for task in DeadLetterRows(page, page_size=50)[0:50]] == [
+        "Boom"
+    ]
     read = str(dead_letter_tasks(page[0:50]).query)
     assert '"dead_letter_payloads"' in read and 'FROM "tasks"' in read
 
@@ -183,7 +185,7 @@ def test_every_dashboard_filter_finds_what_the_tasks_hold_in_the_same_order():
         want = dashboard_expected(values)
         form = DeadLetterFilter(values)
         assert form.is_valid(), form.errors
-        paginator = Paginator(DeadLetterRows(form.entries()), 7)
+        paginator = Paginator(DeadLetterRows(form.entries(), page_size=7), 7)
         assert paginator.count == len(want), values
         got = [t.id for n in paginator.page_range for t in paginator.page(n).object_list]
         assert got == want, values

@@ -76,13 +76,21 @@ class DeadLetterRows:
     """Filtered entries as Django's Paginator reads them: counted in the compact table,
     and a page (a slice) read as tasks, by key, newest death first."""
 
-    def __init__(self, entries: QuerySet[DeadLetterEntry]) -> None:
+    def __init__(self, entries: QuerySet[DeadLetterEntry], *, page_size: int) -> None:
         self.entries = entries
+        self.page_size = page_size
 
     def count(self) -> int:
         return self.entries.count()
 
     def __getitem__(self, window: slice) -> list[Task]:
+        # The Paginator asks the last page for exactly the entries it counted (one, for
+        # a rare search term). Asked for so few, the planner expects to find them early
+        # in the order index and walks it, all of it when the few are old; asked for a
+        # whole page it scans and sorts the matches when its statistics say they are
+        # few (a rare term at ten million tasks: that statement 106 -> 50 ms).
+        wanted = window.stop - window.start
+        whole_page = slice(window.start, window.start + max(wanted, self.page_size))
         # The list shows neither payload nor result: they stay in the database.
-        tasks = dead_letter_tasks(self.entries[window]).defer("payload", "result")
-        return list(tasks.order_by(*ORDER))
+        tasks = dead_letter_tasks(self.entries[whole_page]).defer("payload", "result")
+        return list(tasks.order_by(*ORDER))[:wanted]

@@ -115,7 +115,9 @@ def dead_letter_count(request: HttpRequest) -> HttpResponse:
 def _dead_letter_context(
     request: HttpRequest, form: DeadLetterFilter, page_number: str | int | None
 ) -> dict:
-    page = Paginator(DeadLetterRows(form.entries()), PAGE_SIZE).get_page(page_number)
+    page = Paginator(DeadLetterRows(form.entries(), page_size=PAGE_SIZE), PAGE_SIZE).get_page(
+        page_number
+    )
     query = QueryDict(mutable=True)
     query.update(form.as_record())
     return {
