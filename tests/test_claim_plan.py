@@ -14,6 +14,7 @@ from django.db import connection
 from task_queue.operations import TaskSpec, enqueue_many
 from task_queue.sql import leasing
 from task_queue.sql.db import execute, fetch_bound
+from tests.support.database import plan_nodes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,18 +32,12 @@ def claim_session() -> Iterator[None]:
     execute("ALTER TABLE tasks RESET (autovacuum_enabled)", {})
 
 
-def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield node
-    for child in node.get("Plans", ()):
-        yield from _nodes(child)
-
-
 def _locked_scan_of_the_claim() -> dict[str, Any]:
     """What the claim's FOR UPDATE SKIP LOCKED reads its tasks from (not run)."""
     params = {"owner": "w", "agents": ["EchoAgent"], "limit": 50, "lease_seconds": 30.0}
     ((plan,),) = fetch_bound("EXPLAIN (FORMAT JSON) " + leasing.CLAIM_TASKS, params | {"now": None})
     plan = plan if isinstance(plan, list) else json.loads(plan)
-    (lock_rows,) = [n for n in _nodes(plan[0]["Plan"]) if n["Node Type"] == "LockRows"]
+    (lock_rows,) = [n for n in plan_nodes(plan[0]["Plan"]) if n["Node Type"] == "LockRows"]
     (scan,) = lock_rows["Plans"]
     return scan
 

@@ -19,6 +19,7 @@ from task_queue.operations import TaskSpec, enqueue_many
 from task_queue.outcomes import OutcomeWriter
 from task_queue.sql import leasing, outcomes
 from task_queue.sql.db import execute, fetch
+from tests.support.database import plan_nodes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -59,12 +60,6 @@ def _generic_plan(sql: str, types: dict[str, str], values: dict[str, str]) -> di
     return plan[0]["Plan"]
 
 
-def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield node
-    for child in node.get("Plans", ()):
-        yield from _nodes(child)
-
-
 def test_the_generic_claim_takes_due_tasks_from_the_ordered_scan_after_a_burst(claim_session):
     # As in test_claim_plan: statistics taken while nothing was pending, then a burst.
     execute("ALTER TABLE tasks SET (autovacuum_enabled = off)", {})
@@ -94,7 +89,7 @@ def test_the_generic_claim_takes_due_tasks_from_the_ordered_scan_after_a_burst(c
     finally:
         execute("ALTER TABLE tasks RESET (autovacuum_enabled)", {})
 
-    (lock_rows,) = [n for n in _nodes(plan) if n["Node Type"] == "LockRows"]
+    (lock_rows,) = [n for n in plan_nodes(plan) if n["Node Type"] == "LockRows"]
     assert [(n["Node Type"], n.get("Index Name")) for n in lock_rows["Plans"]] == [
         ("Index Scan", "tasks_pending_lease_idx")
     ]
@@ -141,12 +136,16 @@ def test_the_generic_completion_looks_each_task_up_by_its_id(outcome_session):
 
     # One primary-key lookup per task of the batch, nothing else read from tasks.
     (scan,) = [
-        n for n in _nodes(plan) if n.get("Relation Name") == "tasks" and "Scan" in n["Node Type"]
+        n
+        for n in plan_nodes(plan)
+        if n.get("Relation Name") == "tasks" and "Scan" in n["Node Type"]
     ]
     assert (scan["Node Type"], scan["Index Name"]) == ("Index Scan", "tasks_pkey")
     assert scan["Actual Loops"] == 100 and scan["Actual Rows"] == 1
     (update,) = [
-        n for n in _nodes(plan) if n["Node Type"] == "ModifyTable" and n["Relation Name"] == "tasks"
+        n
+        for n in plan_nodes(plan)
+        if n["Node Type"] == "ModifyTable" and n["Relation Name"] == "tasks"
     ]
     assert update["Actual Rows"] == 100
 

@@ -12,6 +12,7 @@ from task_queue import metrics, operations
 from task_queue.models import HISTOGRAM_BOUNDS, RollupProgress, Task, TaskQueueMetric
 from task_queue.operations import TaskSpec
 from task_queue.sql import counts, db, locks, reading
+from tests.support.database import plan_nodes
 from tests.support.history import T0, at, seed_history
 from tests.support.processes import run_manage
 from tests.support.queue import complete_pending, fail_pending
@@ -166,7 +167,7 @@ def test_the_overview_and_the_api_count_what_finished_from_the_finish_counters()
     fail_pending("EchoAgent", retryable=False)
     # Finished 3, 10 and 20 minutes ago (the last outside every window), and over an
     # hour ago (outside the chart).
-    for task_id, minutes in zip(done, (3, 10, 20, 65), strict=False):
+    for task_id, minutes in zip(done, (3, 10, 20, 65), strict=True):
         Task.objects.filter(id=task_id).update(
             finished_at=F("finished_at") - timedelta(minutes=minutes)
         )
@@ -215,7 +216,3 @@ def test_the_latency_percentiles_read_only_the_latest_finished_tasks():
     operations.cancel([failed_id], actor="metrics-test")
     (activity,) = reading.recent_activity()
     assert activity.run_seconds is not None and activity.run_seconds[2] < 60
-
-
-def plan_nodes(node: dict) -> list[dict]:
-    return [node] + [n for child in node.get("Plans", ()) for n in plan_nodes(child)]

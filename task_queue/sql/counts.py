@@ -55,11 +55,11 @@ def fold_ended_backends() -> int:
 
 
 # What finished in the last 1, 5 and 15 minutes per agent (the overview, its live
-# snapshot, GET /api/v1/metrics; readers of these counters must read them in a
-# transaction under 10 minutes old: migration 0028), from the finish counters (task_finish_counts,
+# snapshot, GET /api/v1/metrics), from the finish counters (task_finish_counts,
 # migration queue 0028) instead of the tasks: the cost does not grow with the queue's
 # throughput. A window is the 10-second buckets that began in it, so it reaches back
-# between 10 s less than its length and its length.
+# between 10 s less than its length and its length. Like every reader of these
+# counters, it must run in a transaction under 10 minutes old (migration 0028 says why).
 RECENT_FINISHES = """
 SELECT agent_name,
        COALESCE(sum(n) FILTER (WHERE status = 'completed'

@@ -55,23 +55,22 @@ def recent_activity() -> list[RecentActivity]:
     agents', cancelled ones left out) waited and ran. Queue wait is from when a task
     was due (``available_at``) to its last start."""
     timings = {
-        agent: (wait, run) for agent, wait, run in fetch(RECENT_TIMINGS, {"sample": TIMINGS_SAMPLE})
+        agent: (_percentiles(wait), _percentiles(run))
+        for agent, wait, run in fetch(RECENT_TIMINGS, {"sample": TIMINGS_SAMPLE})
     }
     finishes = counts.recent_finishes()
-    activity = []
-    for agent in sorted(finishes.keys() | timings.keys()):
-        completed, failed = finishes.get(agent, ((0, 0, 0), (0, 0, 0)))
-        wait, run = timings.get(agent, (None, None))
-        activity.append(
-            RecentActivity(
-                agent,
-                completed,
-                failed,
-                tuple(wait) if wait else None,
-                tuple(run) if run else None,
-            )
+    none_finished = ((0, 0, 0), (0, 0, 0))
+    return [
+        RecentActivity(
+            agent, *finishes.get(agent, none_finished), *timings.get(agent, (None, None))
         )
-    return activity
+        for agent in sorted(finishes.keys() | timings.keys())
+    ]
+
+
+def _percentiles(values: list[float] | None) -> tuple[float, float, float] | None:
+    """p50, p95 and p99 as PostgreSQL's array gives them (NULL: nothing measured)."""
+    return tuple(values) if values else None
 
 
 # One index probe per agent into tasks_pending_due_idx (agent_name, available_at):

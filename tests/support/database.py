@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
 from urllib.parse import quote
 
 from django.db import connection
@@ -32,3 +34,10 @@ def count_rows(sql: str, params: list | None = None) -> int:
 def registered_listeners(channel: str) -> int:
     """Connections registered as listening on ``channel`` (``channel_listeners``)."""
     return count_rows("SELECT count(*) FROM channel_listeners WHERE channel = %s", [channel])
+
+
+def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every node of an ``EXPLAIN (FORMAT JSON)`` plan, from ``node`` down."""
+    yield node
+    for child in node.get("Plans", ()):
+        yield from plan_nodes(child)
