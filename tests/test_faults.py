@@ -207,10 +207,20 @@ def test_embedders_survive_group_kills_and_a_database_crash(manage_processes):
     )
     crash_restart()
     kill_round()
+    unfinished = EmbeddingJob.objects.exclude(status="completed")
     wait_for(
-        lambda: not EmbeddingJob.objects.exclude(status="completed").exists(),
+        lambda: not unfinished.exists(),
         timeout=60,
         what="every job to complete",
+        describe=lambda: {
+            "now": database_now(),
+            "embedders alive": [embedder.process.poll() is None for embedder in survivors],
+            "unfinished": list(
+                unfinished.values(
+                    "id", "status", "attempts", "lease_owner", "lease_expires_at", "available_at"
+                )[:5]
+            ),
+        },
     )
 
     assert not AgentEvent.objects.filter(embedding=None).exists()
