@@ -58,8 +58,7 @@ def roll_up(*, now: datetime | None = None) -> dict[int, int] | None:
 
 def ensure_started(clock: datetime) -> None:
     """Give every width the same start, the first time: the UTC day that began
-    QUEUE_METRICS_BACKFILL_DAYS ago. Counters (Prometheus) count from there, so they
-    cover the same span before and after the first rollup pass."""
+    QUEUE_METRICS_BACKFILL_DAYS ago, so the widths cover the same span."""
     backfill = timedelta(days=settings.QUEUE_METRICS_BACKFILL_DAYS)
     metrics_sql.start_rollups(BUCKET_SECONDS, bucket_floor(clock - backfill, DAY))
 

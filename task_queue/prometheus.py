@@ -3,8 +3,8 @@
 
 - ``automechanica_tasks{agent,status}``: tasks by status (the running totals, exact);
 - ``automechanica_tasks_{created,completed,failed,dead,retried,cancelled}_total{agent}``:
-  counters, from the metric rollups plus what happened since the last one, so they
-  survive restarts and never reset (the rollups are kept);
+  counters, kept by the writes (``task_totals``, migration ``queue 0029``), so they
+  survive restarts and never reset (a TRUNCATE of tasks aside);
 - ``automechanica_task_queue_wait_seconds`` and ``automechanica_task_run_seconds``
   histograms per agent, likewise;
 - ``automechanica_workers_alive{agent}`` and ``automechanica_oldest_pending_age_seconds{agent}``;
@@ -34,10 +34,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from task_queue.sql import db, reading
-from task_queue.sql import metrics as metrics_sql
+from task_queue.sql import counts, reading
 
-from . import limits, metrics, registry, stats
+from . import limits, registry, stats
 from .models import HISTOGRAM_BOUNDS, TaskStatus, Worker
 
 COUNTERS = ("created", "completed", "failed", "dead", "retried", "cancelled")
@@ -66,7 +65,7 @@ class QueueCollector:
     def collect(self) -> Iterator[Metric]:
         agents = sorted(registry.names())
         yield from self._task_counts(agents)
-        yield from self._totals()
+        yield from self._totals(agents)
         yield from self._workers_and_backlog(agents)
         yield from self._limits()
 
@@ -80,8 +79,11 @@ class QueueCollector:
                 gauge.add_metric([agent, status], counts.get((agent, status), 0))
         yield gauge
 
-    def _totals(self) -> Iterator[Metric]:
+    def _totals(self, agents: list[str]) -> Iterator[Metric]:
+        """Every registered agent has its series, at zero until it has counted."""
         totals = cumulative_totals()
+        for agent in agents:
+            totals.setdefault(agent, _no_totals())
         for name in COUNTERS:
             counter = CounterMetricFamily(
                 f"automechanica_tasks_{name}", f"Tasks {name}, by agent.", labels=["agent"]
@@ -144,31 +146,25 @@ class QueueCollector:
 
 
 def cumulative_totals() -> dict[str, dict[str, Any]]:
-    """Per agent, the counters and histograms since the rollups began: the stored
-    rollups, then everything after them, computed now."""
-    totals = metrics_sql.rolled_up_totals()
-    if totals is None:  # the first look ever: fix the start, so counters never drop
-        metrics.ensure_started(db.database_clock())
-        totals = metrics_sql.rolled_up_totals()
-    rolled_until, rows = totals
-    rows += metrics_sql.metrics_since(rolled_until, HISTOGRAM_BOUNDS)
-    slots = len(HISTOGRAM_BOUNDS) + 1
-    totals: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {
-            **{f"tasks_{name}": 0 for name in COUNTERS},
-            **{f"{key}_histogram": [0] * slots for key in HISTOGRAMS},
-            **{f"{key}_sum": 0.0 for key in HISTOGRAMS},
-        }
-    )
-    for row in rows:
-        figures = totals[row["agent_name"]]
-        for name in COUNTERS:
-            figures[f"tasks_{name}"] += row[f"tasks_{name}"]
-        for key in HISTOGRAMS:
-            for slot, n in enumerate(row[f"{key}_histogram"]):
-                figures[f"{key}_histogram"][slot] += n
-            figures[f"{key}_sum"] += row[f"{key}_sum"]
+    """Per agent, the counters and histograms (``task_totals``, kept by the writes:
+    they never drop, and a scrape costs the same at any size and speed)."""
+    totals: dict[str, dict[str, Any]] = defaultdict(_no_totals)
+    for agent, measure, slot, n, measure_sum in counts.task_totals():
+        figures = totals[agent]
+        if measure in HISTOGRAMS:
+            figures[f"{measure}_histogram"][slot] = n
+            figures[f"{measure}_sum"] = measure_sum
+        else:
+            figures[f"tasks_{measure}"] = n
     return dict(totals)
+
+
+def _no_totals() -> dict[str, Any]:
+    return {
+        **{f"tasks_{name}": 0 for name in COUNTERS},
+        **{f"{key}_histogram": [0] * (len(HISTOGRAM_BOUNDS) + 1) for key in HISTOGRAMS},
+        **{f"{key}_sum": 0.0 for key in HISTOGRAMS},
+    }
 
 
 def _cumulative(slot_counts: list[int]) -> list[tuple[str, int]]:

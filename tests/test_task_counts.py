@@ -1,14 +1,16 @@
-"""The running totals of tasks by agent and status, and of the tasks finished in the
-last hour by 10-second bucket (``task_queue.sql.counts``, kept by the triggers of
-migrations ``queue 0014`` and ``0028``), equal a full count of the table, whatever
-path changed the tasks: enqueue, real workers completing, failing and retrying, the
-reaper after a SIGKILL, revive, cancel, run now, retention, deletes, a TRUNCATE."""
+"""The running totals of tasks by agent and status, of the tasks finished in the last
+hour by 10-second bucket, and Prometheus's counters and histograms
+(``task_queue.sql.counts``, kept by the triggers of migrations ``queue 0014``, ``0028``
+and ``0029``) equal a full count of the tables, whatever path changed the tasks:
+enqueue, real workers completing, failing and retrying, the reaper after a SIGKILL,
+revive, cancel, run now, retention, deletes, a TRUNCATE. (Prometheus's counters
+never drop: once retention or a delete has taken rows, they keep what they had.)"""
 
 from __future__ import annotations
 
 import contextlib
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from unittest.mock import ANY
 
 import pytest
@@ -18,11 +20,12 @@ from django.db import connection, transaction
 from django.db.models import Count, F
 from django.test import Client
 
-from task_queue import operations, retention, stats
+from task_queue import operations, prometheus, retention, stats
 from task_queue.listen import listening
-from task_queue.models import Task, TaskStatus
+from task_queue.models import HISTOGRAM_BOUNDS, Task, TaskStatus
 from task_queue.operations import TaskSpec
 from task_queue.sql import counts, db
+from task_queue.sql import metrics as metrics_sql
 from task_queue.sql import outcomes as outcomes_sql
 from task_queue.sql.channels import TASK_CHANGES_CHANNEL
 from tests.support.processes import kill
@@ -30,6 +33,7 @@ from tests.support.queue import OWNER, claim_and_start, complete_pending, fail_p
 from tests.support.waiting import wait_for
 
 ACTOR = "counts-test"
+ALL_TIME = 10_000 * 365 * 86400  # one bucket
 
 
 def full_count() -> dict[tuple[str, str], int]:
@@ -77,9 +81,43 @@ def assert_exact() -> None:
     assert finish_totals == finishes_counted
 
 
+def counters_of_history() -> dict[str, dict]:
+    """Per agent, the Prometheus counters and histograms computed afresh from tasks
+    and task_history, as one rollup bucket over all time."""
+    since, until = datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC)
+    rows = metrics_sql.compute_metrics(ALL_TIME, since, until, HISTOGRAM_BOUNDS)
+    return {row["agent_name"]: _counters(row) for row in rows}
+
+
+def _counters(figures: dict) -> dict:
+    slots = len(HISTOGRAM_BOUNDS) + 1
+    return {
+        **{f"tasks_{name}": figures[f"tasks_{name}"] for name in prometheus.COUNTERS},
+        **{
+            f"{key}_histogram": figures[f"{key}_histogram"] or [0] * slots
+            for key in prometheus.HISTOGRAMS
+        },
+        **{f"{key}_sum": pytest.approx(figures[f"{key}_sum"]) for key in prometheus.HISTOGRAMS},
+    }
+
+
+def assert_counters_match_history() -> dict[str, dict]:
+    """Prometheus's counters equal a computation from the tables, both read in one
+    snapshot (while nothing was deleted); returns them."""
+    in_test_transaction = connection.in_atomic_block  # then no other writer
+    with transaction.atomic():
+        if not in_test_transaction:
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        counters, computed = prometheus.cumulative_totals(), counters_of_history()
+    assert {agent: _counters(figures) for agent, figures in counters.items()} == computed
+    return counters
+
+
 def shards() -> set[int]:
+    """The shards of the task counters and of Prometheus's."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT DISTINCT shard FROM task_counts")
+        cursor.execute("SELECT shard FROM task_counts UNION SELECT shard FROM task_totals")
         return {row[0] for row in cursor.fetchall()}
 
 
@@ -99,6 +137,9 @@ def test_the_totals_follow_every_kind_of_statement():
     operations.revive([task_id for task_id, *_ in failed[:2]], actor=ACTOR)
     operations.cancel([task_id for task_id, *_ in failed[2:]], actor=ACTOR)
     assert_exact()
+    counters = assert_counters_match_history()["EchoAgent"]
+    assert (counters["tasks_created"], counters["tasks_completed"]) == (16, 12)
+    assert (counters["tasks_failed"], counters["tasks_cancelled"]) == (4, 2)
     Task.objects.filter(agent_name="FitmentAgent").update(status=TaskStatus.CANCELLED)
     five = list(Task.objects.filter(status=TaskStatus.COMPLETED).values_list("id", flat=True)[:5])
     Task.objects.filter(id__in=five).delete()
@@ -121,6 +162,7 @@ def test_the_totals_follow_every_kind_of_statement():
         cursor.execute("TRUNCATE tasks CASCADE")
     assert running_totals() == {} == full_count()
     assert finishes(FINISHES_COUNTED) == {}
+    assert counts.task_totals() == []  # Prometheus's counters start again
 
 
 @pytest.mark.django_db
@@ -176,11 +218,24 @@ def test_folding_ended_backends_keeps_the_sums_and_the_live_rows():
             " ('EchoAgent', 'pending', 0, -3)",
             [ended],
         )
+        cursor.execute(
+            "INSERT INTO task_totals VALUES ('EchoAgent', 'run_time', 3, %s, 2, 0.5),"
+            " ('EchoAgent', 'run_time', 3, 0, 1, 0.25)",
+            [ended],
+        )
         cursor.execute("SELECT pg_backend_pid()")
         (own,) = cursor.fetchone()
-    before = running_totals()
+    before, counters = running_totals(), counts.task_totals()
     assert counts.fold_ended_backends() == 1
     assert running_totals() == before == {("EchoAgent", "pending"): 5}
+    assert (
+        sorted(counts.task_totals())
+        == sorted(counters)
+        == [
+            ("EchoAgent", "created", 0, 5, 0.0),
+            ("EchoAgent", "run_time", 3, 3, 0.75),
+        ]
+    )
     assert shards() == {0, own}  # this backend is alive: its rows stay its own
 
 
@@ -216,8 +271,10 @@ def test_the_totals_stay_exact_through_a_mixed_workload_with_crashes(worker_proc
     # Mid-drain, the totals agree with a count in the same snapshot.
     for _ in range(5):
         assert_exact()
+        assert_counters_match_history()
     wait_for(_drained, what="the drain up to the retries' backoff and the sleepers")
     assert_exact()
+    assert_counters_match_history()
 
     # Operator actions: run the retries now (unless their backoff ended meanwhile),
     # revive the dead letter, cancel the running sleepers (their workers end them)
@@ -242,6 +299,7 @@ def test_the_totals_stay_exact_through_a_mixed_workload_with_crashes(worker_proc
         timeout=60,
     )
     assert_exact()
+    assert_counters_match_history()
 
     # A worker SIGKILLed while it runs a task: the reaper gives the task back and
     # another worker completes it.
@@ -259,8 +317,11 @@ def test_the_totals_stay_exact_through_a_mixed_workload_with_crashes(worker_proc
         what="the crash task's recovery",
     )
     assert_exact()
+    before_pruning = assert_counters_match_history()
+    assert before_pruning["CrashTest"]["tasks_retried"] == 1  # the reaper gave it back
 
     # Retention prunes every finished task; a delete takes the rest of the delayed.
+    # Prometheus's counters keep what they had.
     far = db.database_clock() + timedelta(days=settings.QUEUE_RETENTION_DAYS + 1)
     pruned = retention.prune(now=far)
     assert pruned is not None and pruned.tasks == 170  # completed and cancelled
@@ -268,6 +329,7 @@ def test_the_totals_stay_exact_through_a_mixed_workload_with_crashes(worker_proc
     Task.objects.filter(id__in=later[5:] + dead_letter).delete()
     assert_exact()
     assert running_totals() == {}
+    assert prometheus.cumulative_totals() == before_pruning
 
     # The killed and stopped workers' counter rows fold into shard 0.
     for worker in workers:
@@ -276,6 +338,7 @@ def test_the_totals_stay_exact_through_a_mixed_workload_with_crashes(worker_proc
     counts.fold_ended_backends()
     assert shards() <= {0} | live
     assert_exact()
+    assert prometheus.cumulative_totals() == before_pruning
 
 
 def _drained() -> bool:

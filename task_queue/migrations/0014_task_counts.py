@@ -11,7 +11,7 @@ from django.db import migrations
 # reaper, operator actions, retention, the admin, a cascade), and two live backends
 # never write the same row, so busy workers do not queue on each other's counter
 # locks. A reader sums the shards. Rows of backends that ended are folded into shard
-# 0 by maintenance (task_queue.sql.counts.FOLD_ENDED_BACKENDS), which keeps the
+# 0 by maintenance (task_queue.sql.counts.FOLD_ENDED_COUNTS), which keeps the
 # table to a few rows per live connection. A TRUNCATE of tasks empties it.
 #
 # The table starts from a full count taken while the lock on tasks this migration

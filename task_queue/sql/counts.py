@@ -1,11 +1,14 @@
-"""The running totals of tasks by agent and status (table ``task_counts``), and of
-the tasks finished in the last hour by 10-second bucket (``task_finish_counts``).
+"""The running totals of tasks by agent and status (table ``task_counts``), of the
+tasks finished in the last hour by 10-second bucket (``task_finish_counts``), and of
+everything created and every attempt's end since the start (``task_totals``, behind
+Prometheus's counters).
 
-Triggers on ``tasks`` (migrations ``queue 0014`` and ``0028``) keep them in the
-transaction of every change, each backend in rows of its own (``shard``, its pid), so
-readers never count the tasks table and writers never wait on each other's counters.
-Readers sum the shards; maintenance folds the totals of backends that ended into shard
-0, and deletes the finish buckets older than the triggers' reach.
+Triggers on ``tasks`` and ``task_history`` (migrations ``queue 0014``, ``0028`` and
+``0029``) keep them in the transaction of every change, each backend in rows of its
+own (``shard``, its pid), so readers never count the tasks table and writers never
+wait on each other's counters. Readers sum the shards; maintenance folds the totals of
+backends that ended into shard 0, and deletes the finish buckets older than the
+triggers' reach.
 """
 
 from __future__ import annotations
@@ -26,32 +29,66 @@ def task_counts() -> list[tuple[str, str, int]]:
     return fetch(TASK_COUNTS, {})
 
 
-# The rows of backends no longer connected, and rows at zero, moved into shard 0 in
-# one statement (so the sums never change). SKIP LOCKED: a row a transaction holds
-# (a new backend that reused the pid) is left for the next fold, so this never waits
-# on a writer and a writer waits on it only as long as this statement.
-FOLD_ENDED_BACKENDS = """
+def _fold_ended_backends(table: str, keys: str, sums: tuple[str, ...]) -> str:
+    """The statement that moves the rows of backends no longer connected, and rows at
+    zero, into shard 0 of a sharded counter table (key columns ``keys``, counter
+    columns ``sums``), in one statement, so the sums never change. SKIP LOCKED: a row
+    a transaction holds (a new backend that reused the pid) is left for the next fold,
+    so this never waits on a writer and a writer waits on it only as long as this
+    statement."""
+    zero = " AND ".join(f"c.{column} = 0" for column in sums)
+    return f"""
 WITH ended AS (
-    SELECT agent_name, status, shard FROM task_counts c
+    SELECT {keys}, shard FROM {table} c
     WHERE c.shard <> 0
-      AND (c.n = 0 OR NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = c.shard))
+      AND ({zero} OR NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = c.shard))
     FOR UPDATE SKIP LOCKED
 ),
 folded AS (
-    DELETE FROM task_counts c USING ended e
-    WHERE (c.agent_name, c.status, c.shard) = (e.agent_name, e.status, e.shard)
-    RETURNING c.agent_name, c.status, c.n
+    DELETE FROM {table} c USING ended e
+    WHERE ({", ".join(f"c.{key}" for key in keys.split(", "))}, c.shard)
+        = ({", ".join(f"e.{key}" for key in keys.split(", "))}, e.shard)
+    RETURNING c.*
 )
-INSERT INTO task_counts AS c (agent_name, status, shard, n)
-SELECT agent_name, status, 0, sum(n) FROM folded
-GROUP BY agent_name, status ORDER BY agent_name, status
-ON CONFLICT (agent_name, status, shard) DO UPDATE SET n = c.n + EXCLUDED.n
+INSERT INTO {table} AS c ({keys}, shard, {", ".join(sums)})
+SELECT {keys}, 0, {", ".join(f"sum({column})" for column in sums)} FROM folded
+GROUP BY {keys} ORDER BY {keys}
+ON CONFLICT ({keys}, shard) DO UPDATE
+SET {", ".join(f"{column} = c.{column} + EXCLUDED.{column}" for column in sums)}
 """
 
 
+FOLD_ENDED_COUNTS = _fold_ended_backends("task_counts", "agent_name, status", ("n",))
+FOLD_ENDED_TOTALS = _fold_ended_backends("task_totals", "agent_name, measure, slot", ("n", "total"))
+
+
 def fold_ended_backends() -> int:
-    """Fold the counter rows of backends that ended into shard 0; how many pairs."""
-    return execute(FOLD_ENDED_BACKENDS, {})
+    """Fold the counter rows of backends that ended into shard 0 (``task_counts`` and
+    ``task_totals``); how many (agent, status) pairs of ``task_counts``."""
+    execute(FOLD_ENDED_TOTALS, {})
+    return execute(FOLD_ENDED_COUNTS, {})
+
+
+# Per agent, measure and slot, the running totals that Prometheus's counters and
+# histograms show (task_totals, kept by the triggers of migration queue 0029 on
+# tasks and task_history): a few rows per agent and live connection, whatever the
+# queue's size or speed.
+# The sums are added up exactly (numeric) and made floats once, so a histogram's sum
+# never drops by a rounding however the shards were added or folded.
+TASK_TOTALS = """
+SELECT agent_name, measure, slot, sum(n)::bigint,
+       (sum(sum(total)) OVER (PARTITION BY agent_name, measure))::float8
+FROM task_totals
+GROUP BY agent_name, measure, slot
+"""
+
+
+def task_totals() -> list[tuple[str, str, int, int, float]]:
+    """(agent, measure, slot, count, sum): ``measure`` is ``created``, an outcome
+    (``completed``, ``failed``, ``dead``, ``retried``, ``cancelled``; slot 0) or a
+    histogram (``run_time``, ``queue_wait``; a slot of HISTOGRAM_BOUNDS), and the sum
+    is of every value of the measure (the histogram's sum; 0 for the others)."""
+    return fetch(TASK_TOTALS, {})
 
 
 # What finished in the last 1, 5 and 15 minutes per agent (the overview, its live

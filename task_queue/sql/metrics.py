@@ -1,4 +1,4 @@
-"""The metric rollups (``task_queue_metrics``) and the totals read from them."""
+"""The metric rollups (``task_queue_metrics``)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,13 @@ from task_queue.sql.db import execute, fetch
 
 def _histogram(name: str, source: str, column: str) -> str:
     """Two CTEs: ``{name}`` holds, per bucket and agent, the counts of ``column`` in
-    each slot of %(bounds)s (slot i: above bound i-1, up to and including bound i, as
+    each slot of %(bounds)s (the SQL function ``task_histogram_slot`` of migration
+    queue 0029: slot i is above bound i-1, up to and including bound i, as
     Prometheus's ``le``; the last, beyond the last bound), as one array with a zero
     for each empty slot."""
     return f"""
 {name}_slots AS (
-    SELECT bucket, agent_name,
-           (SELECT count(*) FROM unnest(%(bounds)s::float8[]) AS b WHERE b < {column}) AS slot,
-           count(*) AS n
+    SELECT bucket, agent_name, task_histogram_slot({column}) AS slot, count(*) AS n
     FROM {source} WHERE {column} IS NOT NULL GROUP BY 1, 2, 3
 ),
 {name} AS (
@@ -49,29 +48,21 @@ METRIC_COLUMNS = (
 
 METRICS = f"""
 WITH ended AS (
+    -- What a row counts as (outcome, run time, queue wait) is decided by the
+    -- functions of migration queue 0029, which the Prometheus counters use too.
     SELECT date_bin(make_interval(secs => %(width)s), h.occurred_at, 'epoch') AS bucket,
-           t.agent_name, h.event, h.to_status, h.error,
-           -- An attempt ran if it started (a lease that expired before the start, or
-           -- a task given back at shutdown, did not run).
-           CASE WHEN h.started_at IS NOT NULL AND h.event <> 'released'
-                     AND (h.event <> 'lease_expired' OR h.from_status = 'running')
-                THEN EXTRACT(EPOCH FROM h.occurred_at - h.started_at)::float8 END AS run,
-           CASE WHEN h.started_at >= h.due_at
-                THEN EXTRACT(EPOCH FROM h.started_at - h.due_at)::float8 END AS wait
+           t.agent_name, h.error, task_attempt_outcome(h) AS outcome,
+           task_attempt_run_seconds(h) AS run, task_attempt_wait_seconds(h) AS wait
     FROM task_history h JOIN tasks t ON t.id = h.task_id
     WHERE h.occurred_at >= %(since)s AND h.occurred_at < %(until)s
 ),
 outcomes AS (
     SELECT bucket, agent_name,
-           count(*) FILTER (WHERE event = 'completed') AS completed,
-           count(*) FILTER (WHERE event = 'failed') AS failed,
-           count(*) FILTER (WHERE to_status = 'dead' AND event IN ('dead', 'lease_expired'))
-               AS dead,
-           count(*) FILTER (WHERE event = 'retry_scheduled'
-                               OR (event = 'lease_expired' AND to_status = 'pending'))
-               AS retried,
-           count(*) FILTER (WHERE to_status = 'cancelled'
-                               AND event IN ('cancelled', 'lease_expired')) AS cancelled,
+           count(*) FILTER (WHERE outcome = 'completed') AS completed,
+           count(*) FILTER (WHERE outcome = 'failed') AS failed,
+           count(*) FILTER (WHERE outcome = 'dead') AS dead,
+           count(*) FILTER (WHERE outcome = 'retried') AS retried,
+           count(*) FILTER (WHERE outcome = 'cancelled') AS cancelled,
            count(run) AS attempts,
            avg(run) AS run_average,
            COALESCE(sum(run), 0) AS run_sum,
@@ -156,7 +147,7 @@ def compute_metrics(
     width: int, since: datetime, until: datetime, histogram_bounds: Sequence[float]
 ) -> list[dict[str, Any]]:
     """The figures of the ``width``-second buckets in [since, until), computed now
-    and stored nowhere (a bucket not closed yet, or the tail after the rollups)."""
+    and stored nowhere (a bucket not closed yet)."""
     params = {
         "width": width,
         "since": since,
@@ -167,60 +158,6 @@ def compute_metrics(
     for row in rows:  # jsonb comes back as text from raw SQL here
         row["error_rates_per_agent"] = json.loads(row["error_rates_per_agent"])
     return rows
-
-
-def metrics_since(since: datetime, histogram_bounds: Sequence[float]) -> list[dict[str, Any]]:
-    """Per agent, the figures of everything from ``since`` on, as one bucket (the
-    part of the counters that no rollup holds yet)."""
-    until = datetime.max.replace(tzinfo=since.tzinfo)
-    return compute_metrics(100 * 365 * 86400, since, until, histogram_bounds)
-
-
-# The stored rollups that together cover everything rolled up, each moment once:
-# days up to the day progress, then hours, then minutes (three range scans of the
-# unique index); what comes after the last edge is in no rollup yet.
-ROLLUP_EDGES = """
-WITH progress AS (
-    SELECT max(computed_until) FILTER (WHERE bucket_seconds = 86400) AS days,
-           max(computed_until) FILTER (WHERE bucket_seconds = 3600) AS hours,
-           max(computed_until) FILTER (WHERE bucket_seconds = 60) AS minutes
-    FROM metrics_rollup_progress
-)
-SELECT days, greatest(days, hours), greatest(days, hours, minutes) FROM progress
-"""
-
-
-TOTAL_COLUMNS = (
-    "agent_name", "tasks_created", "tasks_completed", "tasks_failed", "tasks_dead",
-    "tasks_retried", "tasks_cancelled", "queue_wait_histogram", "queue_wait_sum",
-    "run_time_histogram", "run_time_sum",
-)  # fmt: skip
-
-
-_TOTALS = ", ".join(TOTAL_COLUMNS)
-
-
-ROLLED_UP_ROWS = f"""
-SELECT {_TOTALS} FROM task_queue_metrics
-WHERE bucket_seconds = 86400 AND bucket_start < %(days)s
-UNION ALL
-SELECT {_TOTALS} FROM task_queue_metrics
-WHERE bucket_seconds = 3600 AND bucket_start >= %(days)s AND bucket_start < %(hours)s
-UNION ALL
-SELECT {_TOTALS} FROM task_queue_metrics
-WHERE bucket_seconds = 60 AND bucket_start >= %(hours)s AND bucket_start < %(minutes)s
-"""
-
-
-def rolled_up_totals() -> tuple[datetime, list[dict[str, Any]]] | None:
-    """Where the rollups end and the rollup rows that cover everything before it
-    once (TOTAL_COLUMNS each); None before the rollups have a start
-    (``metrics.ensure_started``)."""
-    days, hours, minutes = fetch(ROLLUP_EDGES, {})[0]
-    if days is None or hours is None or minutes is None:
-        return None
-    rows = fetch(ROLLED_UP_ROWS, {"days": days, "hours": hours, "minutes": minutes})
-    return minutes, [dict(zip(TOTAL_COLUMNS, row, strict=True)) for row in rows]
 
 
 START_ROLLUPS = """
