@@ -38,8 +38,8 @@ def added_by(history_with_agents: str) -> str:
     the run times and queue waits by histogram slot with their sums.
 
     Three aggregates over the materialised rows rather than one pass that fans each
-    row out into three (a LATERAL VALUES list): that one's expressions are set up
-    afresh for every row, which made the trigger three times as costly.
+    row out into three (a LATERAL VALUES list), which measured costlier
+    (docs/performance.md, "Prometheus's counters kept by the writes").
     """
     return f"""
 ended AS MATERIALIZED (
@@ -77,9 +77,9 @@ CREATE_TASK_TOTALS = f"""
 -- Slot i: above bound i-1 up to and including bound i (Prometheus's `le`); the
 -- last slot, beyond the last bound. That is the number of bounds below the value:
 -- all of them less those at or above it, which width_bucket counts on the negated
--- bounds. (One mention of `seconds`, so PostgreSQL inlines the function even when
--- its argument is an expression; a CASE over the bounds was not inlined in the
--- trigger below and cost about 15 microseconds a value.)
+-- bounds. (One mention of `seconds`, so PostgreSQL can inline the function when its
+-- argument is an expression; a CASE over the bounds cost the trigger below about 15
+-- microseconds a value.)
 CREATE FUNCTION task_histogram_slot(seconds float8) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN {len(HISTOGRAM_BOUNDS)} - width_bucket(-seconds, '{NEGATED_BOUNDS}'::float8[]);
