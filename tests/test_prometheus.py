@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from task_queue import metrics, operations
+from task_queue import metrics, operations, registry
 from task_queue.listen import connection_params
 from task_queue.models import HISTOGRAM_BOUNDS, Task, TaskStatus
 from task_queue.sql import counts, db
@@ -89,6 +89,12 @@ def test_counters_and_histograms_are_the_same_before_between_and_after_rollups()
         assert found[echo("automechanica_tasks", status="completed")] == 2
         assert found[echo("automechanica_workers_alive")] == 0  # heartbeats of 2026-11-20
     assert scrapes[0][echo("automechanica_tasks", status="dead")] == 1
+    quiet = sorted(set(registry.names()) - {"EchoAgent"})
+    assert quiet  # every registered agent has its series, at zero until it counts
+    for agent in quiet:
+        assert scrapes[0][("automechanica_tasks_created_total", (("agent", agent),))] == 0
+        count = ("automechanica_task_run_seconds_count", (("agent", agent),))
+        assert scrapes[0][count] == 0
     assert scrapes[-1][echo("automechanica_tasks", status="pending")] == 1  # the revived
 
 
