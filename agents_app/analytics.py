@@ -12,7 +12,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 from task_queue import metrics
-from task_queue.models import HISTOGRAM_BOUNDS, TaskHistory, TaskQueueMetric
+from task_queue.models import TaskHistory, TaskQueueMetric
 from task_queue.sql import db
 from task_queue.sql import metrics as metrics_sql
 
@@ -64,7 +64,7 @@ def _day_rows(start: datetime, until: datetime) -> dict[str, dict[str, Any]]:
     rolled = (metrics_sql.rollup_progress(DAY) or start) >= start + timedelta(days=1)
     if rolled:
         return {row.agent_name: _as_dict(row) for row in stored}
-    rows = metrics_sql.compute_metrics(DAY, start, until, HISTOGRAM_BOUNDS)
+    rows = metrics_sql.compute_metrics(DAY, start, until)
     return {row["agent_name"]: row for row in rows}
 
 
@@ -78,7 +78,7 @@ def _hours(start: datetime, until: datetime) -> list[dict[str, Any]]:
             )
         ]
     else:
-        rows = metrics_sql.compute_metrics(HOUR, start, until, HISTOGRAM_BOUNDS)
+        rows = metrics_sql.compute_metrics(HOUR, start, until)
     by_hour = {h: [0, 0] for h in range(24)}
     for row in rows:
         figures = by_hour[row["bucket_start"].astimezone(UTC).hour]

@@ -10,9 +10,10 @@
   (``task_queue.blob_collection``);
 - at every pass, the recurring schedules' due slots (``task_queue.schedule_firing``),
   after the rollups (the daily report's guard reads them);
-- once a minute, the task counters of backends that ended folded into one row per
-  agent and status (``task_queue.sql.counts``), so the counters stay a few rows per
-  live connection, and the finish counters past their reach (70 minutes) deleted.
+- once a minute, the task counters and Prometheus's counters of backends that ended
+  folded into shard 0 (``task_queue.sql.counts``), so the counters stay a few rows
+  per live connection, and the finish counters past their reach (70 minutes)
+  deleted.
 """
 
 from __future__ import annotations

@@ -19,8 +19,6 @@ from django.db import transaction
 from task_queue.sql import db, locks
 from task_queue.sql import metrics as metrics_sql
 
-from .models import HISTOGRAM_BOUNDS
-
 MINUTE, HOUR, DAY = 60, 3600, 86400
 BUCKET_SECONDS = (MINUTE, HOUR, DAY)
 # How much one pass computes per width at most, so a long backlog is caught up in
@@ -49,9 +47,7 @@ def roll_up(*, now: datetime | None = None) -> dict[int, int] | None:
             since = metrics_sql.rollup_progress(width)
             until = min(closed, since + MAX_SPAN[width])
             if since < until:
-                written[width] = metrics_sql.recompute_metrics(
-                    width, since, until, HISTOGRAM_BOUNDS
-                )
+                written[width] = metrics_sql.recompute_metrics(width, since, until)
                 metrics_sql.set_rollup_progress(width, until)
         return written
 
@@ -71,4 +67,4 @@ def recompute(width: int, since: datetime, until: datetime) -> int:
     start, end = bucket_floor(since, width), bucket_floor(until, width) + timedelta(seconds=width)
     with transaction.atomic():
         locks.advisory_xact_lock(locks.ROLLUP)  # not alongside a rollup pass
-        return metrics_sql.recompute_metrics(width, start, end, HISTOGRAM_BOUNDS)
+        return metrics_sql.recompute_metrics(width, start, end)

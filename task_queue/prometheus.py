@@ -70,13 +70,13 @@ class QueueCollector:
         yield from self._limits()
 
     def _task_counts(self, agents: list[str]) -> Iterator[Metric]:
-        counts = {(agent, status): n for agent, status, n in stats.task_counts()}
+        by_status = {(agent, status): n for agent, status, n in stats.task_counts()}
         gauge = GaugeMetricFamily(
             "automechanica_tasks", "Tasks by agent and status.", labels=["agent", "status"]
         )
-        for agent in sorted(set(agents) | {agent for agent, _ in counts}):
+        for agent in sorted(set(agents) | {agent for agent, _ in by_status}):
             for status in TaskStatus.values:
-                gauge.add_metric([agent, status], counts.get((agent, status), 0))
+                gauge.add_metric([agent, status], by_status.get((agent, status), 0))
         yield gauge
 
     def _totals(self, agents: list[str]) -> Iterator[Metric]:
@@ -149,6 +149,7 @@ def cumulative_totals() -> dict[str, dict[str, Any]]:
     """Per agent, the counters and histograms (``task_totals``, kept by the writes:
     they never drop, and a scrape costs the same at any size and speed)."""
     totals: dict[str, dict[str, Any]] = defaultdict(_no_totals)
+    # One row per (agent, measure, slot), the sum the measure's whole: set, not added.
     for agent, measure, slot, n, measure_sum in counts.task_totals():
         figures = totals[agent]
         if measure in HISTOGRAMS:

@@ -85,7 +85,7 @@ def counters_of_history() -> dict[str, dict]:
     """Per agent, the Prometheus counters and histograms computed afresh from tasks
     and task_history, as one rollup bucket over all time."""
     since, until = datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC)
-    rows = metrics_sql.compute_metrics(ALL_TIME, since, until, HISTOGRAM_BOUNDS)
+    rows = metrics_sql.compute_metrics(ALL_TIME, since, until)
     return {row["agent_name"]: _counters(row) for row in rows}
 
 

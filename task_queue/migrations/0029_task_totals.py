@@ -113,6 +113,7 @@ RETURN CASE WHEN h.started_at >= h.due_at
             THEN EXTRACT(EPOCH FROM h.started_at - h.due_at)::float8 END;
 
 -- measure: 'created', an outcome (slot 0, total 0), or 'run_time' / 'queue_wait'
+-- (the keys of task_queue.prometheus.HISTOGRAMS)
 -- (n: the values in the slot, total: their sum). `total` is numeric: its sums are
 -- exact whatever order the shards are added or folded in, so a histogram's _sum
 -- never drops by a rounding (which Prometheus would read as a restart).
@@ -197,7 +198,7 @@ started AS (
                                ('queue_wait', r.queue_wait_histogram)) AS h(measure, slots)
     CROSS JOIN LATERAL unnest(h.slots) WITH ORDINALITY AS s(n, slot)
     UNION ALL  -- the sums, with the first slot
-    SELECT r.agent_name, h.measure, 0, 0, h.total
+    SELECT r.agent_name, h.measure, 0, 0, h.total::numeric
     FROM rolled r
     CROSS JOIN LATERAL (VALUES ('run_time', r.run_time_sum),
                                ('queue_wait', r.queue_wait_sum)) AS h(measure, total)

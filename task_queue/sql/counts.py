@@ -29,14 +29,15 @@ def task_counts() -> list[tuple[str, str, int]]:
     return fetch(TASK_COUNTS, {})
 
 
-def _fold_ended_backends(table: str, keys: str, sums: tuple[str, ...]) -> str:
+def _fold_ended_backends(table: str, key: tuple[str, ...], sums: tuple[str, ...]) -> str:
     """The statement that moves the rows of backends no longer connected, and rows at
-    zero, into shard 0 of a sharded counter table (key columns ``keys``, counter
+    zero, into shard 0 of a sharded counter table (key columns ``key``, counter
     columns ``sums``), in one statement, so the sums never change. SKIP LOCKED: a row
     a transaction holds (a new backend that reused the pid) is left for the next fold,
     so this never waits on a writer and a writer waits on it only as long as this
     statement."""
     zero = " AND ".join(f"c.{column} = 0" for column in sums)
+    keys = ", ".join(key)
     return f"""
 WITH ended AS (
     SELECT {keys}, shard FROM {table} c
@@ -46,8 +47,8 @@ WITH ended AS (
 ),
 folded AS (
     DELETE FROM {table} c USING ended e
-    WHERE ({", ".join(f"c.{key}" for key in keys.split(", "))}, c.shard)
-        = ({", ".join(f"e.{key}" for key in keys.split(", "))}, e.shard)
+    WHERE ({", ".join(f"c.{column}" for column in key)}, c.shard)
+        = ({", ".join(f"e.{column}" for column in key)}, e.shard)
     RETURNING c.*
 )
 INSERT INTO {table} AS c ({keys}, shard, {", ".join(sums)})
@@ -58,8 +59,10 @@ SET {", ".join(f"{column} = c.{column} + EXCLUDED.{column}" for column in sums)}
 """
 
 
-FOLD_ENDED_COUNTS = _fold_ended_backends("task_counts", "agent_name, status", ("n",))
-FOLD_ENDED_TOTALS = _fold_ended_backends("task_totals", "agent_name, measure, slot", ("n", "total"))
+FOLD_ENDED_COUNTS = _fold_ended_backends("task_counts", ("agent_name", "status"), ("n",))
+FOLD_ENDED_TOTALS = _fold_ended_backends(
+    "task_totals", ("agent_name", "measure", "slot"), ("n", "total")
+)
 
 
 def fold_ended_backends() -> int:

@@ -12,10 +12,10 @@ from task_queue.sql.db import execute, fetch
 
 def _histogram(name: str, source: str, column: str) -> str:
     """Two CTEs: ``{name}`` holds, per bucket and agent, the counts of ``column`` in
-    each slot of %(bounds)s (the SQL function ``task_histogram_slot`` of migration
-    queue 0029: slot i is above bound i-1, up to and including bound i, as
-    Prometheus's ``le``; the last, beyond the last bound), as one array with a zero
-    for each empty slot."""
+    each histogram slot (the SQL function ``task_histogram_slot`` of migration queue
+    0029, which holds the bounds: slot i is above bound i-1, up to and including bound
+    i, as Prometheus's ``le``; the last, beyond the last bound, is the slot of
+    infinity), as one array with a zero for each empty slot."""
     return f"""
 {name}_slots AS (
     SELECT bucket, agent_name, task_histogram_slot({column}) AS slot, count(*) AS n
@@ -24,7 +24,7 @@ def _histogram(name: str, source: str, column: str) -> str:
 {name} AS (
     SELECT k.bucket, k.agent_name, array_agg(COALESCE(c.n, 0) ORDER BY s.slot) AS counts
     FROM (SELECT DISTINCT bucket, agent_name FROM {name}_slots) AS k
-    CROSS JOIN generate_series(0, cardinality(%(bounds)s::float8[])) AS s(slot)
+    CROSS JOIN generate_series(0, task_histogram_slot('Infinity')) AS s(slot)
     LEFT JOIN {name}_slots c
            ON c.bucket = k.bucket AND c.agent_name = k.agent_name AND c.slot = s.slot
     GROUP BY k.bucket, k.agent_name
@@ -127,33 +127,19 @@ WHERE bucket_seconds = %(width)s AND bucket_start >= %(since)s AND bucket_start 
 """
 
 
-def recompute_metrics(
-    width: int, since: datetime, until: datetime, histogram_bounds: Sequence[float]
-) -> int:
+def recompute_metrics(width: int, since: datetime, until: datetime) -> int:
     """Replace the rollups of the ``width``-second buckets in [since, until) (bounds on
     bucket edges) with figures computed afresh; returns the rows written. Run it in a
     transaction: the old rows go and the new ones come at once."""
-    params = {
-        "width": width,
-        "since": since,
-        "until": until,
-        "bounds": [float(b) for b in histogram_bounds],
-    }
+    params = {"width": width, "since": since, "until": until}
     execute(DELETE_METRICS, params)
     return execute(INSERT_METRICS, params)
 
 
-def compute_metrics(
-    width: int, since: datetime, until: datetime, histogram_bounds: Sequence[float]
-) -> list[dict[str, Any]]:
+def compute_metrics(width: int, since: datetime, until: datetime) -> list[dict[str, Any]]:
     """The figures of the ``width``-second buckets in [since, until), computed now
     and stored nowhere (a bucket not closed yet)."""
-    params = {
-        "width": width,
-        "since": since,
-        "until": until,
-        "bounds": [float(b) for b in histogram_bounds],
-    }
+    params = {"width": width, "since": since, "until": until}
     rows = [dict(zip(METRIC_COLUMNS, row, strict=True)) for row in fetch(METRICS, params)]
     for row in rows:  # jsonb comes back as text from raw SQL here
         row["error_rates_per_agent"] = json.loads(row["error_rates_per_agent"])
