@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from unittest.mock import ANY
 
@@ -65,18 +66,25 @@ def finishes(statement: str) -> dict[tuple, int]:
     return {tuple(key): n for *key, n in db.fetch(statement, {})}
 
 
-def assert_exact() -> None:
-    """Both read in one snapshot, so they must agree even while workers write (a
-    test already in a transaction has no other writer)."""
+def in_one_snapshot(*reads: Callable[[], object]) -> list[object]:
+    """What each of ``reads`` returns, all read in one REPEATABLE READ snapshot, so
+    they must agree even while workers write (a test already in a transaction has no
+    other writer, and reads in it)."""
     if connection.in_atomic_block:
-        assert running_totals() == full_count()
-        assert finishes(FINISHES_COUNTED) == finishes(FINISHES_OF_TASKS)
-        return
+        return [read() for read in reads]
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        totals, counted = running_totals(), full_count()
-        finish_totals, finishes_counted = finishes(FINISHES_COUNTED), finishes(FINISHES_OF_TASKS)
+        return [read() for read in reads]
+
+
+def assert_exact() -> None:
+    totals, counted, finish_totals, finishes_counted = in_one_snapshot(
+        running_totals,
+        full_count,
+        lambda: finishes(FINISHES_COUNTED),
+        lambda: finishes(FINISHES_OF_TASKS),
+    )
     assert totals == counted
     assert finish_totals == finishes_counted
 
@@ -104,12 +112,7 @@ def _counters(figures: dict) -> dict:
 def assert_counters_match_history() -> dict[str, dict]:
     """Prometheus's counters equal a computation from the tables, both read in one
     snapshot (while nothing was deleted); returns them."""
-    in_test_transaction = connection.in_atomic_block  # then no other writer
-    with transaction.atomic():
-        if not in_test_transaction:
-            with connection.cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        counters, computed = prometheus.cumulative_totals(), counters_of_history()
+    counters, computed = in_one_snapshot(prometheus.cumulative_totals, counters_of_history)
     assert {agent: _counters(figures) for agent, figures in counters.items()} == computed
     return counters
 

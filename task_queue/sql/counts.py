@@ -75,9 +75,9 @@ def fold_ended_backends() -> int:
 # Per agent, measure and slot, the running totals that Prometheus's counters and
 # histograms show (task_totals, kept by the triggers of migration queue 0029 on
 # tasks and task_history): a few rows per agent and live connection, whatever the
-# queue's size or speed.
-# The sums are added up exactly (numeric) and made floats once, so a histogram's sum
-# never drops by a rounding however the shards were added or folded.
+# queue's size or speed. The sums are added up exactly (numeric) and made floats
+# once, so a histogram's sum never drops by a rounding however the shards were added
+# or folded.
 TASK_TOTALS = """
 SELECT agent_name, measure, slot, sum(n)::bigint,
        (sum(sum(total)) OVER (PARTITION BY agent_name, measure))::float8
