@@ -244,12 +244,12 @@ class EnqueueBench(Check):
 
     def verify(self, opts: dict[str, Any], before: int, run: Run) -> None:
         report = json.loads(run.output)
-        modes = opts["mode"] or ["api", "cli", "python"]
+        modes = opts["mode"] or ["api", "api-minimal", "cli", "python"]
         assert set(report) == {*modes, "machine"}
         for mode in modes:
             assert len(report[mode]["tasks_per_s"]) == opts["repeat"] and report[mode]["median"] > 0
-        if "api" in modes:
-            assert report["api"]["connections"] == opts["connections"]
+            if mode.startswith("api"):
+                assert report[mode]["connections"] == opts["connections"]
         assert report["machine"]["cpus"] and report["machine"]["postgresql"]
         assert Task.objects.count() == before  # the bench removes its tasks
 

@@ -1,6 +1,7 @@
 """Bulk enqueue (issue 15, target 6): tasks go in by COPY through a staging table,
-with time-ordered ids, and a batch is answered with JSON that PostgreSQL writes.
-Every guarantee of ``enqueue_many`` holds on that path."""
+with time-ordered ids, and a batch is answered with JSON that PostgreSQL writes (or,
+asked ``Prefer: return=minimal``, with the ids only). Every guarantee of
+``enqueue_many`` holds on that path."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 from django.db import transaction
 
-from automechanica.api.schemas import TaskOut
+from automechanica.api.schemas import TaskIdsOut, TaskOut
 from task_queue.models import OutboxEvent, Task
 from task_queue.operations import TaskSpec, enqueue_many, enqueue_many_as_api_json
 from tests.support.api import ECHO
@@ -18,12 +19,13 @@ from tests.support.queue import claim_and_start, complete_pending, fail_pending
 
 pytestmark = pytest.mark.django_db
 
-# What COPY's text format would misread unescaped: its separator, line ends, its
-# escape character and its NULL marker; and text beyond ASCII.
-AWKWARD = "tab\there\nnew\rline back\\slash \\N é ✓"
+# Text that a text format would misread unescaped (COPY's separator, line ends,
+# escape character and NULL marker; an array literal's quotes and braces), and text
+# beyond ASCII.
+AWKWARD = 'tab\there\nnew\rline back\\slash \\N "quoted" {braced,} NULL é ✓'
 
 
-def test_text_that_copy_would_misread_arrives_as_given():
+def test_awkward_text_arrives_as_given():
     payload = {AWKWARD: [AWKWARD, "\\", "\\\\N"], "n": 1.5}
     spec = TaskSpec(
         "EchoAgent", "echo", payload, idempotency_key=AWKWARD, trace_id="\\N"
@@ -140,3 +142,41 @@ def test_each_answer_holds_only_its_own_batch_within_one_transaction():
         )
     assert [item["id"] for item in json.loads(first_json)] == [str(first[0].id)]
     assert [item["id"] for item in json.loads(second_json)] == [str(t.id) for t in second]
+
+
+def test_return_minimal_answers_the_ids_in_order(api):
+    old = api.post("/api/v1/tasks", {**ECHO, "idempotency_key": "old"}).json()
+    batch = [{**ECHO, "payload": {"n": n}} for n in range(3)]
+    batch.insert(1, {**ECHO, "idempotency_key": "old"})
+    minimal = {"Prefer": 'respond-async, RETURN = "Minimal"; foo=bar'}
+
+    response = api.post("/api/v1/tasks", batch, headers=minimal)
+    assert response.status_code == 201
+    assert response["Preference-Applied"] == "return=minimal"
+    answer = response.json()
+    assert list(answer) == list(TaskIdsOut.model_fields)
+    assert answer["created"] == 3 and answer["ids"][1] == old["id"]
+    new = [api.get(f"/api/v1/tasks/{task_id}").json() for task_id in answer["ids"]]
+    assert [task["payload"].get("n") for task in new] == [0, None, 1, 2]
+
+    again = api.post("/api/v1/tasks", {**ECHO, "idempotency_key": "old"}, headers=minimal)
+    assert again.status_code == 200 and again.json() == {"ids": [old["id"]], "created": 0}
+    conflict = api.post(
+        "/api/v1/tasks", {**ECHO, "idempotency_key": "old", "priority": 9}, headers=minimal
+    )
+    assert conflict.status_code == 409
+
+
+@pytest.mark.parametrize(
+    "prefer",
+    [
+        "return=representation",
+        "return=representation, return=minimal",  # the first counts
+        "minimal",
+        'foo="a,return=minimal"',  # inside a quoted value
+    ],
+)
+def test_without_return_minimal_a_batch_is_answered_whole(api, prefer):
+    response = api.post("/api/v1/tasks", [ECHO], headers={"Prefer": prefer})
+    assert response.status_code == 201 and "Preference-Applied" not in response
+    assert list(response.json()["items"][0]) == list(TaskOut.model_fields)

@@ -184,6 +184,13 @@ class TaskBatchOut(Schema):
     created: int = Field(description="How many are new; the others existed (idempotency keys).")
 
 
+class TaskIdsOut(Schema):
+    """The answer to ``Prefer: return=minimal``: the tasks' ids, not the tasks."""
+
+    ids: list[UUID] = Field(description="One per task given, in order.")
+    created: int = Field(description="How many are new; the others existed (idempotency keys).")
+
+
 class HistoryOut(Schema):
     event: str
     from_status: str

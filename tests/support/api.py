@@ -27,13 +27,22 @@ class Api:
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.client = AsyncClient()
 
-    def call(self, method: str, path: str, body: Any = None, *, raw: bytes | None = None):
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        raw: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         send = getattr(self.client, method.lower())
+        headers = {**self.headers, **(headers or {})}
         if method.upper() in ("GET", "DELETE"):
-            return async_to_sync(send)(path, headers=self.headers)
+            return async_to_sync(send)(path, headers=headers)
         data = raw if raw is not None else json.dumps(body) if body is not None else b""
         return async_to_sync(send)(
-            path, data=data, content_type="application/json", headers=self.headers
+            path, data=data, content_type="application/json", headers=headers
         )
 
     def get(self, path: str):

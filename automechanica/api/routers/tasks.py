@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Annotated
 from uuid import UUID
 
 from django.http import HttpRequest, HttpResponse
-from ninja import Body, Query, Router, Status
+from ninja import Body, Header, Query, Router, Status
 from pydantic import Field
 
 from task_queue import blobs, operations, tracing
@@ -31,6 +33,7 @@ from ..schemas import (
     TaskCreateBody,
     TaskDetailOut,
     TaskFilters,
+    TaskIdsOut,
     TaskOut,
     TaskPage,
     TaskUpdate,
@@ -61,19 +64,71 @@ def _task(task_id: UUID) -> Task:
 @router.post(
     "/tasks",
     auth=WRITE,
-    response={200: TaskOut | TaskBatchOut, 201: TaskOut | TaskBatchOut, **ERROR_RESPONSES},
+    response={
+        200: TaskOut | TaskBatchOut | TaskIdsOut,
+        201: TaskOut | TaskBatchOut | TaskIdsOut,
+        **ERROR_RESPONSES,
+    },
     summary="Create a task, or up to 1,000 in one transaction",
     openapi_extra=links("task_id", TASK_LINKS),
 )
-def create_tasks(request: HttpRequest, body: Body[TaskCreateBody]):
+def create_tasks(
+    request: HttpRequest,
+    body: Body[TaskCreateBody],
+    prefer: Annotated[
+        str, Header(alias="Prefer", description="`return=minimal`: answer the ids only.")
+    ] = "",
+):
     """A single task answers 201 with the task, or 200 with the existing task when its
     idempotency key was used before by the same request. A list answers with every
     task in order, 201 if any is new; all are created or none.
 
+    With ``Prefer: return=minimal`` (RFC 7240) the answer is only the tasks' ids, in
+    order, and how many are new (``TaskIdsOut``), with ``Preference-Applied:
+    return=minimal``: for an orchestrator that keeps its own copy of what it sent,
+    a batch's answer is then some 40 bytes a task instead of 700.
+
     With a W3C ``traceparent`` header, tasks that name no ``trace_id`` take its
     trace, and their spans (with OpenTelemetry on) are its children."""
     with tracing.incoming(request.headers.get("traceparent")):
+        if _prefers_minimal(prefer):
+            return _create_tasks_minimal(body)
         return _create_tasks(body)
+
+
+# One preference of a Prefer header: up to a comma that is not inside a quoted string.
+_PREFERENCE = re.compile(r'(?:[^,"]|"(?:[^"\\]|\\.)*")+')
+
+
+def _prefers_minimal(prefer: str) -> bool:
+    """Whether a ``Prefer`` header asks for ``return=minimal``. RFC 7240: preferences
+    are separated by commas, their parameters by semicolons (ignored here), names are
+    any case, and only the first ``return`` counts."""
+    for preference in _PREFERENCE.findall(prefer):
+        name, _, value = preference.partition(";")[0].partition("=")
+        if name.strip().lower() == "return":
+            return value.strip().strip('"').lower() == "minimal"
+    return False
+
+
+def _enqueue(body: TaskCreateBody) -> list[operations.Enqueued]:
+    """The body's tasks, enqueued; a list's refusals name ``[i].field``, one task's
+    ``field``."""
+    if isinstance(body, list):
+        return operations.enqueue_many([task.spec() for task in body], prefix="")
+    return operations.enqueue_many([body.spec()], indexed=False)
+
+
+def _create_tasks_minimal(body: TaskCreateBody) -> HttpResponse:
+    results = _enqueue(body)
+    created = sum(r.created for r in results)
+    response = HttpResponse(
+        json.dumps({"ids": [str(r.id) for r in results], "created": created}),
+        status=201 if created else 200,
+        content_type="application/json; charset=utf-8",
+    )
+    response["Preference-Applied"] = "return=minimal"
+    return response
 
 
 def _create_tasks(body: TaskCreateBody) -> HttpResponse | Status:
@@ -89,7 +144,7 @@ def _create_tasks(body: TaskCreateBody) -> HttpResponse | Status:
             status=201 if created else 200,
             content_type="application/json; charset=utf-8",
         )
-    result = operations.enqueue_many([body.spec()], indexed=False)[0]
+    [result] = _enqueue(body)
     return Status(201 if result.created else 200, _task(result.id))
 
 
