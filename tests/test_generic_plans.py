@@ -41,27 +41,10 @@ def outcome_session() -> Iterator[None]:
     connection.close()
 
 
-# The claim's parameters: their types, and values as SQL literals.
-CLAIM_TYPES = {
-    "agents": "text[]", "limit": "int", "owner": "text", "lease_seconds": "float8",
-    "now": "timestamptz",
-}  # fmt: skip
-CLAIM_VALUES = {
-    "agents": "'{EchoAgent}'", "limit": "50", "owner": "'w'", "lease_seconds": "30",
-    "now": "NULL",
-}  # fmt: skip
-
-
-def _generic_plan(
-    sql: str,
-    types: dict[str, str],
-    values: dict[str, str],
-    meanwhile: Callable[[], None] | None = None,
-) -> dict[str, Any]:
+def _generic_plan(sql: str, types: dict[str, str], values: dict[str, str]) -> dict[str, Any]:
     """EXPLAIN (ANALYZE) of ``sql`` run as a prepared statement with a generic plan, in
     a transaction rolled back afterwards; ``types`` and ``values`` (SQL literals) by
-    parameter name. With ``meanwhile``: run once first (which makes the plan), then
-    ``meanwhile``, then explained with the plan made before it."""
+    parameter name."""
     names = list(types)
     text = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", sql)
     args = ", ".join(values[name] for name in names)
@@ -69,9 +52,6 @@ def _generic_plan(
     # the connection when it sees one.
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(f"PREPARE generic_plan_test ({', '.join(types.values())}) AS {text}")
-        if meanwhile is not None:
-            cursor.execute(f"EXECUTE generic_plan_test ({args})")
-            meanwhile()
         cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE generic_plan_test ({args})")
         ((plan,),) = cursor.fetchall()
         cursor.execute("DEALLOCATE generic_plan_test")
@@ -89,7 +69,23 @@ def test_the_generic_claim_takes_due_tasks_from_the_ordered_scan_after_a_burst(c
         execute("ANALYZE tasks", {})
         enqueue_many([TaskSpec("EchoAgent", "echo") for _ in range(20_000)])
 
-        plan = _generic_plan(leasing.CLAIM_TASKS, CLAIM_TYPES, CLAIM_VALUES)
+        plan = _generic_plan(
+            leasing.CLAIM_TASKS,
+            {
+                "agents": "text[]",
+                "limit": "int",
+                "owner": "text",
+                "lease_seconds": "float8",
+                "now": "timestamptz",
+            },
+            {
+                "agents": "'{EchoAgent}'",
+                "limit": "50",
+                "owner": "'w'",
+                "lease_seconds": "30",
+                "now": "NULL",
+            },
+        )
     finally:
         execute("ALTER TABLE tasks RESET (autovacuum_enabled)", {})
 
@@ -98,32 +94,6 @@ def test_the_generic_claim_takes_due_tasks_from_the_ordered_scan_after_a_burst(c
         ("Index Scan", "tasks_pending_lease_idx")
     ]
     assert lock_rows["Actual Rows"] == 50
-
-
-def test_a_claim_first_planned_on_an_empty_queue_updates_its_tasks_by_id(claim_session):
-    # A worker that starts on an empty queue (queue_bench vacuums one, then starts its
-    # workers) makes the claim's one generic plan while tasks holds nothing. Planned
-    # for an empty table, the claim updated its chosen tasks by reading every task for
-    # each of them (a nested loop over a scan of tasks): 120-340 ms a claim once 20,000
-    # were enqueued, a drain 3-4x slower; the plan stayed until something made it again
-    # (until 2026-11-26 the enqueue did, unasked: its temporary table's creation, a
-    # catalog change, made every session's cached plans again).
-    execute("ALTER TABLE tasks SET (autovacuum_enabled = off)", {})
-    try:
-        execute("ANALYZE tasks", {})  # nothing in it
-        plan = _generic_plan(
-            leasing.CLAIM_TASKS,
-            CLAIM_TYPES,
-            CLAIM_VALUES,
-            meanwhile=lambda: enqueue_many([TaskSpec("EchoAgent", "echo")] * 20_000),
-        )
-    finally:
-        execute("ALTER TABLE tasks RESET (autovacuum_enabled)", {})
-
-    scans = [n for n in plan_nodes(plan) if n.get("Relation Name") == "tasks"]
-    assert [n["Node Type"] for n in scans if "Seq Scan" in n["Node Type"]] == []
-    (update,) = [n for n in scans if n["Node Type"] == "ModifyTable"]
-    assert update["Actual Rows"] == 50
 
 
 def test_the_generic_completion_looks_each_task_up_by_its_id(outcome_session):

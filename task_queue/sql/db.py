@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -54,44 +53,10 @@ def fetch_bound(sql: str, params: dict[str, Any], *, prepared: bool = False) -> 
     prepared = prepared and settings.QUEUE_PREPARED_STATEMENTS
     if prepared:
         _allow_prepared_statements(connection.connection)
-    with connection.wrap_database_errors, _bound_cursor() as cursor:
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        cursor.adapters.register_dumper(list, ListBinaryDumper)
         cursor.execute(sql, params, prepare=prepared)
         return cursor.fetchall()
-
-
-def fetch_bound_each(sql: str, each_params: Iterable[dict[str, Any]]) -> list[list[tuple]]:
-    """``fetch_bound`` of ``sql`` with each of ``each_params`` in turn, in psycopg's
-    pipeline mode: each run is sent as soon as its parameters are made, and the next
-    are made (the iterable's own work, in Python) while PostgreSQL runs it, on the
-    other core. Their rows, in order, once all have run.
-
-    An exception from ``each_params`` stops it there, and the caller's transaction
-    (which this must run in: the runs before were sent) rolls back with it. If a run
-    sent before had failed, psycopg logs that error and the exception is raised.
-    """
-    if not connection.in_atomic_block:  # outside one, ending the pipeline commits
-        raise RuntimeError("fetch_bound_each needs the caller's transaction")
-    connection.ensure_connection()
-    connection.validate_no_broken_transaction()
-    cursors: list[psycopg.Cursor] = []
-    try:
-        with connection.wrap_database_errors:
-            with connection.connection.pipeline():
-                for params in each_params:
-                    cursors.append(_bound_cursor())
-                    cursors[-1].execute(sql, params)
-            # The pipeline has ended: every result is in (a statement with none: []).
-            return [cursor.fetchall() if cursor.description else [] for cursor in cursors]
-    finally:
-        for cursor in cursors:
-            cursor.close()
-
-
-def _bound_cursor() -> psycopg.Cursor:
-    """A server-side binding cursor on Django's connection, lists sent as binary arrays."""
-    cursor = psycopg.Cursor(connection.connection)
-    cursor.adapters.register_dumper(list, ListBinaryDumper)
-    return cursor
 
 
 # psycopg prepares a statement once it has run this many times on a connection, or

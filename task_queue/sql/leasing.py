@@ -37,7 +37,6 @@ FENCED = TASK_LEASE.fenced_batch("t")
 PREPARE_CLAIM_SESSION = """
 SELECT set_config('synchronous_commit', 'off', false), set_config('enable_sort', 'off', false),
        set_config('enable_hashjoin', 'off', false), set_config('enable_mergejoin', 'off', false),
-       set_config('enable_seqscan', 'off', false),
        set_config('plan_cache_mode', 'force_generic_plan', false)
 """
 
@@ -67,12 +66,6 @@ def prepare_claim_session() -> None:
     whole table, at every claim (such a drain ran at 4,500 tasks/s). Nested loops find
     each claimed task by its id, whatever the guess; every other join of this session
     is as small.
-
-    ``enable_seqscan`` off: a worker that starts on an empty queue makes the claim's
-    generic plan while ``tasks`` holds nothing, and a plan for an empty table updated
-    the chosen tasks by reading every task for each of them once tasks arrived
-    (20,000 enqueued: 120-340 ms a claim, the drain 3-4x slower), until something
-    made the plan again. Every read of this session has an index to take.
 
     ``enable_sort`` off: each agent's due tasks must come from an ordered scan of
     tasks_pending_lease_idx that stops after the claim's room. Right after a burst of
