@@ -119,13 +119,18 @@ def _enqueue(body: TaskCreateBody) -> list[operations.Enqueued]:
     return operations.enqueue_many([body.spec()], indexed=False)
 
 
+def _answer(json_text: str, created: int) -> HttpResponse:
+    """A batch's answer, already JSON: 201 if any task is new, else 200."""
+    return HttpResponse(
+        json_text, status=201 if created else 200, content_type="application/json; charset=utf-8"
+    )
+
+
 def _create_tasks_minimal(body: TaskCreateBody) -> HttpResponse:
     results = _enqueue(body)
     created = sum(r.created for r in results)
-    response = HttpResponse(
-        json.dumps({"ids": [str(r.id) for r in results], "created": created}),
-        status=201 if created else 200,
-        content_type="application/json; charset=utf-8",
+    response = _answer(
+        json.dumps({"ids": [str(r.id) for r in results], "created": created}), created
     )
     response["Preference-Applied"] = "return=minimal"
     return response
@@ -139,11 +144,7 @@ def _create_tasks(body: TaskCreateBody) -> HttpResponse | Status:
             [task.spec() for task in body], prefix=""
         )
         created = sum(r.created for r in results)
-        return HttpResponse(
-            f'{{"items": {items}, "created": {created}}}',
-            status=201 if created else 200,
-            content_type="application/json; charset=utf-8",
-        )
+        return _answer(f'{{"items": {items}, "created": {created}}}', created)
     [result] = _enqueue(body)
     return Status(201 if result.created else 200, _task(result.id))
 

@@ -44,6 +44,8 @@ from task_queue.bench import machine_facts
 from task_queue.operations import TaskSpec, enqueue_many
 
 MODES = ("api", "api-minimal", "cli", "python")
+# The modes that send requests to daphne, and whether they ask for the ids only.
+API_MODES = {"api": False, "api-minimal": True}
 AGENT, TASK_TYPE = "EchoAgent", "echo"
 SERVER_START_SECONDS = 60
 
@@ -73,20 +75,14 @@ class Command(BaseCommand):
             raise CommandError("--batch must be at most 1000 (the API's limit)")
         modes = options["mode"] or list(MODES)
         runs: dict[str, Callable[[], float]] = {
-            "api": lambda: _api_run(
-                server, options["requests"], options["batch"], options["connections"]
-            ),
-            "api-minimal": lambda: _api_run(
-                server,
-                options["requests"],
-                options["batch"],
-                options["connections"],
-                minimal=True,
-            ),
-            "cli": lambda: _cli_run(options["count"]),
-            "python": lambda: _python_run(options["count"]),
+            mode: lambda minimal=minimal: _api_run(
+                server, options["requests"], options["batch"], options["connections"], minimal
+            )
+            for mode, minimal in API_MODES.items()
         }
-        server = _Server() if {"api", "api-minimal"} & set(modes) else None
+        runs["cli"] = lambda: _cli_run(options["count"])
+        runs["python"] = lambda: _python_run(options["count"])
+        server = _Server() if API_MODES.keys() & set(modes) else None
         report: dict[str, Any] = {}
         try:
             for mode in modes:
@@ -96,7 +92,7 @@ class Command(BaseCommand):
                     "median": round(statistics.median(rates)),
                     "range": [round(min(rates)), round(max(rates))],
                 }
-            for mode in {"api", "api-minimal"} & set(report):
+            for mode in API_MODES.keys() & set(report):
                 report[mode]["connections"] = options["connections"]
         finally:
             if server is not None:
@@ -163,9 +159,7 @@ class _Server:
         self.token_row.delete()
 
 
-def _api_run(
-    server: _Server, requests: int, batch: int, connections: int, *, minimal: bool = False
-) -> float:
+def _api_run(server: _Server, requests: int, batch: int, connections: int, minimal: bool) -> float:
     bodies = [
         json.dumps(
             [{"agent_name": AGENT, "task_type": TASK_TYPE, "payload": {"n": r * batch + i}}
