@@ -9,7 +9,7 @@ transaction.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -88,65 +88,95 @@ def _enqueue(
     if not specs:
         return [], "[]" if as_api_json else None
     with tracing.active.enqueue(len(specs)) as (trace, parent):
-        distinct: dict[int, dict[str, Any]] = {}
-        rows = []
-        for index, spec in enumerate(specs):
-            row = distinct.get(id(spec))
-            if row is None:
-                row = distinct[id(spec)] = task_specs.validated(
-                    spec, index if indexed else None, prefix
-                )
-            rows.append(row)
         with transaction.atomic():
-            # Only once every task is valid, in the transaction that references the blob
-            # (so the collector leaves it alone: task_queue.blobs).
-            for row in distinct.values():
-                row["payload"], row["payload_ref"] = blobs.offload(row.pop("payload_json"))
-                row["line"] = enqueue_sql.copy_line(row)
-            _check_workflows(rows, prefix, indexed)
+            workflows = _lock_workflows(specs)
+            agents: set[str] = set()
             results, inserted = enqueue_sql.enqueue_tasks(
-                time_ordered_ids(len(rows)), [row["line"] for row in rows],
-                [row["idempotency_key"] for row in rows],
+                _chunks(specs, prefix, indexed, workflows, agents),
                 trace_id=trace, traceparent=parent, as_api_json=as_api_json,
             )  # fmt: skip
-            for index, (row, result) in enumerate(zip(rows, results, strict=True)):
-                # A task keyed before fingerprints were kept (None) matches any request.
-                if (
-                    not result.created
-                    and result.existing_fingerprint is not None
-                    and result.existing_fingerprint != row["idempotency_fingerprint"]
-                ):
+            for index, (spec, result) in enumerate(zip(specs, results, strict=True)):
+                if result.conflicting:
                     path = f"{prefix}[{index}].idempotency_key" if indexed else "idempotency_key"
-                    raise IdempotencyConflict(row["idempotency_key"], result.id, path)
-            enqueue_sql.notify_agents([row["agent_name"] for row in distinct.values()])
+                    raise IdempotencyConflict(spec.idempotency_key, result.id, path)
+            enqueue_sql.notify_agents(sorted(agents))
         return [Enqueued(result.id, result.created) for result in results], inserted
 
 
-def _check_workflows(rows: list[dict[str, Any]], prefix: str, indexed: bool) -> None:
-    wanted = {row["workflow_id"] for row in rows if row["workflow_id"]}
+# Tasks an insert statement takes: enough that each statement's own cost (planning,
+# its triggers) is small beside its rows', few enough that the first is sent early.
+CHUNK_SIZE = 250
+
+
+def _chunks(
+    specs: Sequence[TaskSpec],
+    prefix: str,
+    indexed: bool,
+    workflows: dict[str, datetime | None],
+    agents: set[str],
+) -> Iterator[dict[str, list]]:
+    """The tasks as the insert's columns, ``CHUNK_SIZE`` at a time, each checked, its
+    workflow too (``workflows``: :func:`_lock_workflows`), in order: ``InvalidTask``
+    names the first bad one. A large payload is offloaded to a blob. Made only as the
+    insert asks for them, so PostgreSQL inserts one chunk while the next is made.
+
+    An invalid task after the first chunk rolls the sent ones back with the
+    transaction: a batch refused late costs the inserts before it, and a blob already
+    written is collected later, as after any rollback (task_queue.blobs). Adds each
+    task's agent to ``agents``. A spec given several times (``[spec] * 1000``) is
+    checked and encoded once.
+    """
+    ids = time_ordered_ids(len(specs))
+    distinct: dict[int, dict[str, Any]] = {}
+    for start in range(0, len(specs), CHUNK_SIZE):
+        rows = []
+        for index in range(start, min(start + CHUNK_SIZE, len(specs))):
+            spec = specs[index]
+            row = distinct.get(id(spec))
+            if row is None:
+                where = index if indexed else None
+                row = task_specs.validated(spec, where, prefix)
+                _check_workflow(row["workflow_id"], workflows, where, prefix)
+                row["payload"], row["payload_ref"] = blobs.offload(row.pop("payload_json"))
+                agents.add(row["agent_name"])
+                distinct[id(spec)] = row
+            rows.append(row)
+        yield enqueue_sql.input_columns(ids[start : start + len(rows)], rows)
+
+
+def _lock_workflows(specs: Sequence[TaskSpec]) -> dict[str, datetime | None]:
+    """When each workflow the tasks name was cancelled (None: it was not), by id.
+
+    Locked until the tasks are inserted, so a concurrent workflow cancel (which locks
+    the row too) either comes first and is seen here, or waits for these tasks and
+    cancels them with the others."""
+    wanted = {str(spec.workflow_id) for spec in specs if spec.workflow_id}
     if not wanted:
-        return
-    # Locked until the tasks are inserted, so a concurrent workflow cancel (which locks
-    # the row too) either comes first and is seen here, or waits for these tasks and
-    # cancels them with the others.
+        return {}
     workflows = Workflow.objects.filter(id__in=wanted).select_for_update(no_key=True)
-    known = {
+    return {
         str(key): cancelled_at for key, cancelled_at in workflows.values_list("id", "cancelled_at")
     }
-    for index, row in enumerate(rows):
-        workflow_id = row["workflow_id"]
-        if workflow_id is None:
-            continue
-        where = {"index": index if indexed else None, "prefix": prefix}
-        if workflow_id not in known:
-            raise InvalidTask("workflow_id", f"no workflow {workflow_id}", **where)
-        if known[workflow_id] is not None:
-            raise InvalidTask(
-                "workflow_id",
-                f"workflow {workflow_id} is cancelled",
-                code="workflow_cancelled",
-                **where,
-            )
+
+
+def _check_workflow(
+    workflow_id: str | None,
+    workflows: dict[str, datetime | None],
+    index: int | None,
+    prefix: str,
+) -> None:
+    if workflow_id is None:
+        return
+    if workflow_id not in workflows:
+        raise InvalidTask("workflow_id", f"no workflow {workflow_id}", index=index, prefix=prefix)
+    if workflows[workflow_id] is not None:
+        raise InvalidTask(
+            "workflow_id",
+            f"workflow {workflow_id} is cancelled",
+            index=index,
+            prefix=prefix,
+            code="workflow_cancelled",
+        )
 
 
 def run_now(task_id: UUID, *, actor: str, source: str = "python") -> None:

@@ -140,7 +140,7 @@ class Worker:
             self._wake.clear()
             free = self._free_slots()
             try:
-                leasing.prepare_claim_session()  # once per connection
+                leasing.prepare_claim_session()  # settings once, stale plans remade
                 claimed = self._claim_and_dispatch(free) if free else 0
                 if free and claimed == free:
                     continue  # there may be more due right now

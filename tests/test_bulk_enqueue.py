@@ -1,6 +1,6 @@
-"""Bulk enqueue (issue 15, target 6): tasks go in by COPY through a staging table,
-with time-ordered ids, and a batch is answered with JSON that PostgreSQL writes (or,
-asked ``Prefer: return=minimal``, with the ids only). Every guarantee of
+"""Bulk enqueue (issue 15, target 6): tasks go in as arrays, a chunk a statement,
+pipelined, with time-ordered ids, and a batch is answered with JSON that PostgreSQL
+writes (or, asked ``Prefer: return=minimal``, with the ids only). Every guarantee of
 ``enqueue_many`` holds on that path."""
 
 from __future__ import annotations
@@ -9,12 +9,19 @@ import json
 from datetime import UTC, datetime
 
 import pytest
+from django.conf import settings
 from django.db import transaction
 
 from automechanica.api.schemas import TaskIdsOut, TaskOut
 from task_queue.models import OutboxEvent, Task
-from task_queue.operations import TaskSpec, enqueue_many, enqueue_many_as_api_json
-from tests.support.api import ECHO
+from task_queue.operations import (
+    CHUNK_SIZE,
+    InvalidTask,
+    TaskSpec,
+    enqueue_many,
+    enqueue_many_as_api_json,
+)
+from tests.support.api import ECHO, field_names
 from tests.support.queue import claim_and_start, complete_pending, fail_pending
 
 pytestmark = pytest.mark.django_db
@@ -142,6 +149,73 @@ def test_each_answer_holds_only_its_own_batch_within_one_transaction():
         )
     assert [item["id"] for item in json.loads(first_json)] == [str(first[0].id)]
     assert [item["id"] for item in json.loads(second_json)] == [str(t.id) for t in second]
+
+
+# Past the insert's chunk size, so a batch goes in as several pipelined statements.
+SEVERAL_CHUNKS = CHUNK_SIZE * 2 + 17
+
+
+def test_a_batch_of_several_chunks_keeps_its_order_and_its_keys(api, blob_dir):
+    """A key given again in a later chunk finds the task an earlier chunk made (the
+    statements are pipelined, not concurrent); the answer and created_at follow the
+    batch's order through every chunk; a large payload in a later chunk is a blob."""
+    batch = [{**ECHO, "payload": {"n": n}} for n in range(SEVERAL_CHUNKS)]
+    batch[1]["idempotency_key"] = batch[-1]["idempotency_key"] = "new, across chunks"
+    batch[-1]["payload"] = batch[1]["payload"]  # the same request, so no conflict
+    large = {"n": CHUNK_SIZE + 1, "text": "x" * (settings.PAYLOAD_BLOB_THRESHOLD_BYTES + 1)}
+    batch[CHUNK_SIZE + 1]["payload"] = large
+    response = api.post("/api/v1/tasks", batch)
+
+    assert response.status_code == 201
+    answer = response.json()
+    items = answer["items"]
+    assert answer["created"] == SEVERAL_CHUNKS - 1
+    expected = [task["payload"]["n"] for task in batch]
+    expected[CHUNK_SIZE + 1] = None  # a blob: {} in the answer, whole on its page
+    assert [item["payload"].get("n") for item in items] == expected
+    assert items[1]["id"] == items[-1]["id"]
+    by_creation = Task.objects.order_by("created_at").values_list("id", flat=True)
+    assert [str(task_id) for task_id in by_creation] == [item["id"] for item in items[:-1]]
+    blob = Task.objects.get(id=items[CHUNK_SIZE + 1]["id"])
+    assert blob.payload_ref and api.get(f"/api/v1/tasks/{blob.id}").json()["payload"] == large
+
+    other = [{**ECHO, "payload": {"n": n}} for n in range(SEVERAL_CHUNKS)]
+    other[-1] = {**batch[1], "payload": {"different": True}}
+    conflict = api.post("/api/v1/tasks", other)
+    assert conflict.status_code == 409
+    assert field_names(conflict) == [f"[{SEVERAL_CHUNKS - 1}].idempotency_key"]
+    assert Task.objects.count() == SEVERAL_CHUNKS - 1
+
+
+def test_an_invalid_task_in_a_later_chunk_writes_nothing(api):
+    """The chunks before it were already sent when it is found: the transaction
+    takes them back, with their events and the agents' wake-up."""
+    batch = [{**ECHO, "payload": {"n": n}} for n in range(SEVERAL_CHUNKS)]
+    batch[-2]["priority"] = "high"  # pydantic lets no such value through: the queue's
+    specs = [TaskSpec(**task) for task in batch]  # own check, in enqueue_many
+    with pytest.raises(InvalidTask) as refused:
+        enqueue_many(specs)
+    assert refused.value.path == f"tasks[{SEVERAL_CHUNKS - 2}].priority"
+    batch[-2] = {**ECHO, "agent_name": "NoSuchAgent"}
+    response = api.post("/api/v1/tasks", batch)
+    assert response.status_code == 422
+    assert field_names(response) == [f"[{SEVERAL_CHUNKS - 2}].agent_name"]
+    assert not Task.objects.exists() and not OutboxEvent.objects.exists()
+
+
+def test_the_first_bad_task_is_the_one_named(api):
+    """In the batch's order, whichever its problem: its own fields or its workflow."""
+    workflow = api.post("/api/v1/workflows", {"name": "w", "open": True}).json()
+    api.post(f"/api/v1/workflows/{workflow['id']}/cancel")
+    bad_task = {**ECHO, "agent_name": "NoSuchAgent"}
+    in_cancelled = {**ECHO, "workflow_id": workflow["id"]}
+
+    first_its_own = api.post("/api/v1/tasks", [ECHO, bad_task, in_cancelled])
+    assert field_names(first_its_own) == ["[1].agent_name"]
+    first_its_workflow = api.post("/api/v1/tasks", [ECHO, in_cancelled, bad_task])
+    assert first_its_workflow.status_code == 409  # workflow_cancelled
+    assert field_names(first_its_workflow) == ["[1].workflow_id"]
+    assert not Task.objects.exists()
 
 
 def test_return_minimal_answers_the_ids_in_order(api):

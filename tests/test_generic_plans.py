@@ -17,7 +17,7 @@ from django.db import connection, transaction
 from task_queue.execution import Outcome, OutcomeKind
 from task_queue.operations import TaskSpec, enqueue_many
 from task_queue.outcomes import OutcomeWriter
-from task_queue.sql import leasing, outcomes
+from task_queue.sql import db, leasing, outcomes
 from task_queue.sql.db import execute, fetch
 from tests.support.database import plan_nodes
 
@@ -27,7 +27,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def claim_session() -> Iterator[None]:
     """This test's connection with the settings of a worker's fetch loop (generic plans
-    among them); closed afterwards, so no later test plans with them."""
+    among them), new, and closed afterwards, so no later test plans with them."""
+    connection.close()
     leasing.prepare_claim_session()
     yield
     connection.close()
@@ -36,15 +37,33 @@ def claim_session() -> Iterator[None]:
 @pytest.fixture
 def outcome_session() -> Iterator[None]:
     """As ``claim_session``, with the settings of a worker's outcome writer."""
+    connection.close()
     outcomes.prepare_outcome_session()
     yield
     connection.close()
 
 
-def _generic_plan(sql: str, types: dict[str, str], values: dict[str, str]) -> dict[str, Any]:
+# The claim's parameters: their types, and values as SQL literals.
+CLAIM_TYPES = {
+    "agents": "text[]", "limit": "int", "owner": "text", "lease_seconds": "float8",
+    "now": "timestamptz",
+}  # fmt: skip
+CLAIM_VALUES = {
+    "agents": "'{EchoAgent}'", "limit": "50", "owner": "'w'", "lease_seconds": "30",
+    "now": "NULL",
+}  # fmt: skip
+
+
+def _generic_plan(
+    sql: str,
+    types: dict[str, str],
+    values: dict[str, str],
+    meanwhile: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """EXPLAIN (ANALYZE) of ``sql`` run as a prepared statement with a generic plan, in
     a transaction rolled back afterwards; ``types`` and ``values`` (SQL literals) by
-    parameter name."""
+    parameter name. With ``meanwhile``: run once first (which makes the plan), then
+    ``meanwhile``, then explained with the plan made before it."""
     names = list(types)
     text = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", sql)
     args = ", ".join(values[name] for name in names)
@@ -52,6 +71,9 @@ def _generic_plan(sql: str, types: dict[str, str], values: dict[str, str]) -> di
     # the connection when it sees one.
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(f"PREPARE generic_plan_test ({', '.join(types.values())}) AS {text}")
+        if meanwhile is not None:
+            cursor.execute(f"EXECUTE generic_plan_test ({args})")
+            meanwhile()
         cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE generic_plan_test ({args})")
         ((plan,),) = cursor.fetchall()
         cursor.execute("DEALLOCATE generic_plan_test")
@@ -69,23 +91,7 @@ def test_the_generic_claim_takes_due_tasks_from_the_ordered_scan_after_a_burst(c
         execute("ANALYZE tasks", {})
         enqueue_many([TaskSpec("EchoAgent", "echo") for _ in range(20_000)])
 
-        plan = _generic_plan(
-            leasing.CLAIM_TASKS,
-            {
-                "agents": "text[]",
-                "limit": "int",
-                "owner": "text",
-                "lease_seconds": "float8",
-                "now": "timestamptz",
-            },
-            {
-                "agents": "'{EchoAgent}'",
-                "limit": "50",
-                "owner": "'w'",
-                "lease_seconds": "30",
-                "now": "NULL",
-            },
-        )
+        plan = _generic_plan(leasing.CLAIM_TASKS, CLAIM_TYPES, CLAIM_VALUES)
     finally:
         execute("ALTER TABLE tasks RESET (autovacuum_enabled)", {})
 
@@ -94,6 +100,112 @@ def test_the_generic_claim_takes_due_tasks_from_the_ordered_scan_after_a_burst(c
         ("Index Scan", "tasks_pending_lease_idx")
     ]
     assert lock_rows["Actual Rows"] == 50
+
+
+# 20,000 due tasks, inserted by a plain statement: no catalog change (a temporary
+# table, say) that would make PostgreSQL remake every session's plans by itself.
+BURST = """
+INSERT INTO tasks (agent_name, task_type, payload, available_at, created_at)
+SELECT 'EchoAgent', 'echo', '{}', now(), now() FROM generate_series(1, 20000)
+"""
+
+
+@pytest.mark.parametrize("remade", [True, False], ids=["remade", "as-planned-when-empty"])
+def test_a_claim_planned_on_an_empty_queue_is_planned_again_when_tasks_arrive(
+    claim_session, monkeypatch, remade
+):
+    # A worker that starts on an empty queue (queue_bench vacuums one, then starts its
+    # workers) makes the claim's one generic plan while tasks holds nothing. The fetch
+    # loop's session set-up, before each claim, makes it again once tasks has grown.
+    # Without that, the plan made for an empty table reads every task at each claim:
+    # the second case shows PostgreSQL still does so, which is what the first guards
+    # against.
+    monkeypatch.setattr(db, "PLANS_CHECKED_EVERY_SECONDS", 0)
+    # An autovacuum ANALYZE of any table the claim reads would remake its plan too.
+    claim_tables = ["tasks", "agent_limits", "paused_agents", "event_outbox", "agent_starts"]
+    for table in claim_tables:
+        execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)", {})
+    try:
+        assert fetch(db.TABLE_BYTES, {"table": "tasks"}) == [(0,)]
+        execute("ANALYZE tasks", {})  # nothing in it
+
+        def burst() -> None:
+            execute(BURST, {})
+            if remade:
+                leasing.prepare_claim_session()
+
+        plan = _generic_plan(leasing.CLAIM_TASKS, CLAIM_TYPES, CLAIM_VALUES, meanwhile=burst)
+    finally:
+        for table in claim_tables:
+            execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)", {})
+
+    tasks_read = max(
+        n["Actual Rows"] * n["Actual Loops"]
+        for n in plan_nodes(plan)
+        if n.get("Relation Name") == "tasks" and "Scan" in n["Node Type"]
+    )
+    (update,) = [
+        n
+        for n in plan_nodes(plan)
+        if n["Node Type"] == "ModifyTable" and n["Relation Name"] == "tasks"
+    ]
+    assert update["Actual Rows"] == 50
+    assert tasks_read == 50 if remade else tasks_read >= 20_000
+
+
+def _rows_planned(statement: str) -> int:
+    """The rows the plan of the prepared ``statement`` that would run now expects."""
+    ((plan,),) = fetch(f"EXPLAIN (FORMAT JSON) EXECUTE {statement}", {})
+    plan = plan if isinstance(plan, list) else json.loads(plan)
+    return plan[0]["Plan"]["Plan Rows"]
+
+
+@pytest.mark.parametrize(
+    "set_up",
+    [leasing.prepare_claim_session, outcomes.prepare_outcome_session],
+    ids=["fetch loop", "outcome writer"],
+)
+def test_a_workers_sessions_plan_again_once_tasks_has_doubled(set_up, monkeypatch):
+    # Both of a worker's sessions keep generic plans; a statement here stands for
+    # theirs, its plan made while tasks is empty. Small growth keeps it; a table grown
+    # to twice its size (and 1 MB at least) has it made again, once; after the table
+    # shrank, twice its smaller size does.
+    monkeypatch.setattr(db, "PLANS_CHECKED_EVERY_SECONDS", 0)
+    connection.close()  # a new connection: nothing known of its plans
+    execute("ALTER TABLE tasks SET (autovacuum_enabled = off)", {})
+    try:
+        assert fetch(db.TABLE_BYTES, {"table": "tasks"}) == [(0,)]
+        execute("ANALYZE tasks", {})  # nothing in it
+        set_up()
+        execute("PREPARE every_task AS SELECT id FROM tasks", {})
+        planned_for_none = _rows_planned("every_task")
+        assert planned_for_none < 100
+
+        execute(BURST.replace("20000", "100"), {})  # about 16 kB
+        set_up()
+        assert _rows_planned("every_task") == planned_for_none
+
+        execute(BURST, {})  # about 3 MB
+        set_up()
+        planned_for_the_burst = _rows_planned("every_task")
+        assert planned_for_the_burst > 1_000  # from its pages, not its rows
+
+        execute(BURST.replace("20000", "5000"), {})  # a quarter more
+        set_up()
+        assert _rows_planned("every_task") == planned_for_the_burst
+
+        # Emptied (PostgreSQL plans again itself, for an empty table), then a burst
+        # smaller than twice the largest size seen before.
+        execute("TRUNCATE tasks", {})
+        execute("ANALYZE tasks", {})
+        set_up()
+        assert _rows_planned("every_task") == planned_for_none
+        execute(BURST, {})
+        set_up()
+        assert _rows_planned("every_task") > 1_000
+    finally:
+        execute("ALTER TABLE tasks RESET (autovacuum_enabled)", {})
+        connection.close()
 
 
 def test_the_generic_completion_looks_each_task_up_by_its_id(outcome_session):

@@ -2,38 +2,34 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Any
 from uuid import UUID
 
-from django.db import connection
-
 from task_queue.sql.channels import NOTIFY_CHANNEL
-from task_queue.sql.db import NOW, fetch
+from task_queue.sql.db import NOW, fetch, fetch_bound_each
 from task_queue.sql.reading import TASK_AS_API
 
-# The tasks being enqueued, streamed in by COPY (no JSON to parse, no parameters to
-# quote). One per session, created on its first enqueue; INSERT_STAGED_TASKS empties
-# it again, and a commit or a rollback does too.
-CREATE_ENQUEUE_INPUT = """
-CREATE TEMP TABLE IF NOT EXISTS enqueue_input (
-    ord bigint GENERATED ALWAYS AS IDENTITY, id uuid NOT NULL, workflow_id uuid,
-    agent_name text NOT NULL, task_type text NOT NULL, payload jsonb NOT NULL,
-    payload_ref text, priority int NOT NULL, max_attempts int NOT NULL,
-    available_at timestamptz, delay_seconds float8, idempotency_key text,
-    idempotency_fingerprint text, trace_id text
-) ON COMMIT DELETE ROWS
-"""
-
-# The columns a COPY line gives, in order (ord is numbered as the lines arrive).
-INPUT_COLUMNS = (
-    "id", "workflow_id", "agent_name", "task_type", "payload", "payload_ref", "priority",
-    "max_attempts", "available_at", "delay_seconds", "idempotency_key",
-    "idempotency_fingerprint", "trace_id",
-)  # fmt: skip
-COPY_ENQUEUE_INPUT = f"COPY enqueue_input ({', '.join(INPUT_COLUMNS)}) FROM STDIN"
+# The columns of a chunk of tasks (enqueue_tasks), one array each, one element a
+# task, in the batch's order; and their types.
+INPUT_COLUMNS = {
+    "id": "uuid", "workflow_id": "uuid", "agent_name": "text", "task_type": "text",
+    "payload": "jsonb", "payload_ref": "text", "priority": "int", "max_attempts": "int",
+    "available_at": "timestamptz", "delay_seconds": "float8", "idempotency_key": "text",
+    "idempotency_fingerprint": "text", "trace_id": "text",
+}  # fmt: skip
+# Values sent as text and cast (the binary dumper wants one Python type a list).
+_SENT_AS_TEXT = {"workflow_id", "payload", "available_at"}
+_INPUT = (
+    "WITH input AS (SELECT * FROM unnest({arrays}) WITH ORDINALITY AS input({names}, ord))".format(
+        arrays=", ".join(
+            f"%({name})s::{'text[]::' if name in _SENT_AS_TEXT else ''}{kind}[]"
+            for name, kind in INPUT_COLUMNS.items()
+        ),
+        names=", ".join(INPUT_COLUMNS),
+    )
+)
 
 # In input order, so created_at (the clock at each row) keeps the order of the batch.
 # A task whose idempotency key exists already is skipped (enqueue_tasks finds it).
@@ -43,8 +39,7 @@ COPY_ENQUEUE_INPUT = f"COPY enqueue_input ({', '.join(INPUT_COLUMNS)}) FROM STDI
 # the task, its own id as 32 hex digits (a W3C trace-id). The workflow is looked up
 # only for a task with a workflow and no trace of its own. The batch's traceparent is
 # the span that enqueued it (task_queue.tracing), or null.
-_STAGED_INPUT = "WITH input AS (DELETE FROM enqueue_input RETURNING *)"
-_INSERT_STAGED = f"""
+_INSERT = f"""
 INSERT INTO tasks (id, workflow_id, agent_name, task_type, payload, payload_ref, priority,
                    max_attempts, available_at, idempotency_key, idempotency_fingerprint,
                    trace_id, traceparent, created_at, updated_at)
@@ -57,7 +52,7 @@ SELECT id, workflow_id, agent_name, task_type, payload, payload_ref, priority, m
                SELECT COALESCE(w.trace_id, replace(w.id::text, '-', ''))
                FROM workflows w WHERE w.id = input.workflow_id
            ) END,
-           %(trace_id)s::text,
+           %(request_trace_id)s::text,
            replace(id::text, '-', '')
        ),
        %(traceparent)s::text, clock_timestamp(), {NOW}
@@ -65,13 +60,13 @@ FROM input
 ORDER BY ord
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 """
-INSERT_STAGED_TASKS = _STAGED_INPUT + _INSERT_STAGED
+INSERT_TASKS = _INPUT + _INSERT
 
 # The same, answering with the tasks it inserted as the API shows them: one JSON array,
 # in the order of their ids, which is the order of the batch (time_ordered_ids). It
 # saves a second statement that would find each task again by its id.
-INSERT_STAGED_TASKS_AS_API_JSON = f"""
-{_STAGED_INPUT}, t AS ({_INSERT_STAGED} RETURNING *)
+INSERT_TASKS_AS_API_JSON = f"""
+{_INPUT}, t AS ({_INSERT} RETURNING *)
 SELECT COALESCE(json_agg(shown ORDER BY t.id), '[]')::text
 FROM t CROSS JOIN LATERAL ({TASK_AS_API}) AS shown
 """
@@ -87,60 +82,66 @@ WHERE idempotency_key = ANY(%(keys)s::text[])
 class EnqueueResult:
     id: UUID
     created: bool
-    # For a task that existed already: the fingerprint of the request that created it.
-    existing_fingerprint: str | None
+    # The task existed already, made by a different request (its fingerprint differs;
+    # one keyed before fingerprints were kept, None, matches any request).
+    conflicting: bool
 
 
-# COPY's text format: these four characters are escaped, and \N is NULL.
-_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
-
-
-_input_values = itemgetter(*INPUT_COLUMNS[1:])
-
-
-def copy_line(row: Mapping[str, Any]) -> str:
-    """A row for COPY (text format), without its line end: ``row``'s values of
-    ``INPUT_COLUMNS`` after the id, as their ``str``, None as NULL."""
-    # A list, not a generator: join makes one anyway, and a generator costs more.
-    return "\t".join(
-        [
-            "\\N" if value is None else str(value).translate(_COPY_ESCAPES)
-            for value in _input_values(row)
-        ]
-    )
+def input_columns(ids: Sequence[UUID], rows: Sequence[Mapping[str, Any]]) -> dict[str, list]:
+    """A chunk for :func:`enqueue_tasks`: ``ids`` and ``rows`` (``INPUT_COLUMNS``
+    after the id, the payload as JSON text) as one list a column."""
+    columns: dict[str, list] = {"id": list(ids)}
+    for name in INPUT_COLUMNS:
+        if name != "id":
+            columns[name] = [row[name] for row in rows]
+    # One Python type a list (the binary dumper's rule): a delay given as an int is
+    # a float8 all the same, and a Priority an int.
+    columns["delay_seconds"] = [
+        None if delay is None else float(delay) for delay in columns["delay_seconds"]
+    ]
+    columns["priority"] = [int(priority) for priority in columns["priority"]]
+    return columns
 
 
 def enqueue_tasks(
-    ids: Sequence[UUID],
-    lines: Sequence[str],
-    keys: Sequence[str | None],
+    chunks: Iterable[dict[str, list]],
     *,
     trace_id: str | None = None,
     traceparent: str | None = None,
     as_api_json: bool = False,
 ) -> tuple[list[EnqueueResult], str | None]:
-    """Insert tasks, one :func:`copy_line` each (``INPUT_COLUMNS`` after the id);
-    one result per input, in order. ``trace_id``: the trace of those naming none (the
-    request's); ``traceparent``: the span that enqueued them.
+    """Insert tasks, a chunk (:func:`input_columns`) a statement; one result per task,
+    in order. ``trace_id``: the trace of those naming none (the request's);
+    ``traceparent``: the span that enqueued them.
 
-    ``keys`` are the tasks' idempotency keys. A task whose key exists already (from
-    an earlier transaction, a concurrent one that committed first, or earlier in
-    this batch) is not inserted: that row's id comes back with ``created`` false.
+    The chunks are sent as they come (``fetch_bound_each``): a caller that makes them
+    lazily makes the next while PostgreSQL inserts the one before.
+
+    A task whose idempotency key exists already (from an earlier transaction, a
+    concurrent one that committed first, or earlier in this batch) is not inserted:
+    that row's id comes back with ``created`` false, and ``conflicting`` if that
+    row's request was not this one (``idempotency_fingerprint``).
 
     With ``as_api_json``, also the tasks inserted (not those found by their keys) as
-    one JSON array (``INSERT_STAGED_TASKS_AS_API_JSON``); None without.
+    one JSON array (``INSERT_TASKS_AS_API_JSON``); None without.
     """
-    with connection.cursor() as cursor:
-        cursor.execute(CREATE_ENQUEUE_INPUT)
-        with cursor.copy(COPY_ENQUEUE_INPUT) as copy:
-            copy.write("".join(f"{id_}\t{line}\n" for id_, line in zip(ids, lines, strict=True)))
-        params = {"now": None, "trace_id": trace_id, "traceparent": traceparent}
-        if as_api_json:
-            cursor.execute(INSERT_STAGED_TASKS_AS_API_JSON, params)
-            inserted = cursor.fetchone()[0]
-        else:
-            cursor.execute(INSERT_STAGED_TASKS, params)
-            inserted = None
+    ids: list[UUID] = []
+    keys: list[str | None] = []
+    fingerprints: list[str | None] = []
+
+    def sent() -> Iterator[dict[str, Any]]:
+        for columns in chunks:
+            ids.extend(columns["id"])
+            keys.extend(columns["idempotency_key"])
+            fingerprints.extend(columns["idempotency_fingerprint"])
+            yield {**columns, "now": None, "request_trace_id": trace_id, "traceparent": traceparent}
+
+    statement = INSERT_TASKS_AS_API_JSON if as_api_json else INSERT_TASKS
+    answers = fetch_bound_each(statement, sent())
+    inserted = None
+    if as_api_json:  # each chunk's array, joined into one
+        parts = [rows[0][0][1:-1] for rows in answers if rows[0][0] != "[]"]
+        inserted = f"[{','.join(parts)}]"
     keyed = [key for key in keys if key is not None]
     # Each statement sees what committed before it started (READ COMMITTED), so a key
     # the insert skipped for a concurrent transaction's row is found here.
@@ -151,13 +152,14 @@ def enqueue_tasks(
         )
     }
     results = []
-    for id_, key in zip(ids, keys, strict=True):
+    for id_, key, given in zip(ids, keys, fingerprints, strict=True):
         if key is None:
-            results.append(EnqueueResult(id_, True, None))
+            results.append(EnqueueResult(id_, True, False))
             continue
         task_id, fingerprint = found[key]
         created = task_id == id_
-        results.append(EnqueueResult(task_id, created, None if created else fingerprint))
+        conflicting = not created and fingerprint is not None and fingerprint != given
+        results.append(EnqueueResult(task_id, created, conflicting))
     return results, inserted
 
 

@@ -16,7 +16,14 @@ from uuid import UUID
 
 from task_queue.leases import Lease, held_params
 from task_queue.sql import locks
-from task_queue.sql.db import NOW, execute, fetch, fetch_bound, set_up_session
+from task_queue.sql.db import (
+    NOW,
+    execute,
+    fetch,
+    fetch_bound,
+    remake_plans_when_grown,
+    set_up_session,
+)
 
 # Tasks are leased to a worker (lease_owner: its id) while leased or running;
 # the reaper (task_queue.reaper) recovers expired leases.
@@ -42,8 +49,9 @@ SELECT set_config('synchronous_commit', 'off', false), set_config('enable_sort',
 
 
 def prepare_claim_session() -> None:
-    """Set up this thread's connection for claiming, once per connection (the fetch
-    loop calls it before every claim). The worker's fetch loop runs
+    """Set up this thread's connection for claiming: its settings once per
+    connection, its plans made again when stale (the fetch loop calls it before every
+    claim). The worker's fetch loop runs
     claims and the due time (``next_due_at``) on it, and at the end, on the same
     thread, the release of unfinished tasks and the removal of its row: none of these
     sorts.
@@ -75,8 +83,12 @@ def prepare_claim_session() -> None:
     disabled, a plan with fewer sorts wins whatever its estimated cost, so the ordered
     scan is taken; the claim's other sorts (at most its limit of rows) have no
     alternative and stay.
+
+    And its plans are made again once ``tasks`` has grown enough to make them stale
+    (``remake_plans_when_grown``).
     """
     set_up_session(PREPARE_CLAIM_SESSION)
+    remake_plans_when_grown("tasks")
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from functools import cache
 from uuid import UUID
 
 from task_queue.leases import backoff, held_params
-from task_queue.sql.db import NOW, fetch, fetch_bound, set_up_session
+from task_queue.sql.db import NOW, fetch, fetch_bound, remake_plans_when_grown, set_up_session
 from task_queue.sql.leasing import FENCED, HELD, TASK_LEASE
 
 # A completion, in one prepared statement (task_queue.sql.db.fetch_bound): the task,
@@ -76,8 +76,11 @@ PREPARE_OUTCOME_SESSION = "SELECT set_config('plan_cache_mode', 'force_generic_p
 
 
 def prepare_outcome_session() -> None:
-    """Set up this thread's connection for writing outcomes, once per connection."""
+    """Set up this thread's connection for writing outcomes: its settings once per
+    connection, its plans made again once ``tasks`` has grown enough to make them
+    stale (``remake_plans_when_grown``)."""
     set_up_session(PREPARE_OUTCOME_SESSION)
+    remake_plans_when_grown("tasks")
 
 
 _completion_parts: dict[str, str] = {}
