@@ -13,7 +13,7 @@ from uuid import UUID
 import psycopg
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from agents_app import messaging, pubsub
@@ -137,6 +137,34 @@ def test_messages_and_publications_are_in_the_stream(blob_dir):
     assert large.payload["payload"] == {} and large.payload["payload_bytes"] is None
     assert large.payload["payload_ref"] == Publication.objects.get(id=large_id).payload_ref
     assert len(large.to_json()) < 2000
+
+
+# Envelopes with the message id the table makes, 20,000 at a time.
+ENVELOPES_WITH_DEFAULT_IDS = """
+INSERT INTO event_outbox (kind, subject_id, payload)
+SELECT 'evt.test.v1', g::text, '{}' FROM generate_series(1, 20000) AS g
+RETURNING message_id
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_message_ids_are_random_version_4_uuids_unique_across_sessions():
+    ids: list[UUID] = []
+    for _ in range(2):  # two sessions, each seeding its own generator
+        with connection.cursor() as cursor:
+            cursor.execute(ENVELOPES_WITH_DEFAULT_IDS)
+            ids += [row[0] for row in cursor.fetchall()]
+        connection.close()
+
+    assert len(set(ids)) == len(ids) == 40_000
+    assert {(i.version, i.variant) for i in ids} == {(4, "specified in RFC 4122")}
+    # Every one of the 122 random bits varies.
+    fixed = (0xF << 76) | (0b11 << 62)
+    ones = zeros = 0
+    for i in ids:
+        ones |= i.int
+        zeros |= ~i.int
+    assert ones & ~fixed & zeros == ((1 << 128) - 1) & ~fixed
 
 
 @pytest.mark.django_db(transaction=True)
