@@ -3,12 +3,13 @@ the transaction of the change, read in order by position without gaps."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import signal
 from datetime import timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
-from uuid import UUID
+from uuid import RFC_4122, UUID
 
 import psycopg
 import pytest
@@ -20,6 +21,7 @@ from agents_app import messaging, pubsub
 from agents_app.models import Publication
 from task_queue import event_stream, operations
 from task_queue.models import OutboxEvent, TaskHistory
+from task_queue.models.stream import SessionRandomUUID
 from task_queue.sql import maintenance as maintenance_sql
 from tests.support.database import database_url
 from tests.support.queue import claim_and_start, complete_pending, fail_pending
@@ -150,14 +152,18 @@ RETURNING message_id
 @pytest.mark.django_db(transaction=True)
 def test_message_ids_are_random_version_4_uuids_unique_across_sessions():
     ids: list[UUID] = []
+    sessions = set()
     for _ in range(2):  # two sessions, each seeding its own generator
         with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            sessions.add(cursor.fetchone()[0])
             cursor.execute(ENVELOPES_WITH_DEFAULT_IDS)
             ids += [row[0] for row in cursor.fetchall()]
         connection.close()
 
+    assert len(sessions) == 2
     assert len(set(ids)) == len(ids) == 40_000
-    assert {(i.version, i.variant) for i in ids} == {(4, "specified in RFC 4122")}
+    assert {(i.version, i.variant) for i in ids} == {(4, RFC_4122)}
     # Every one of the 122 random bits varies.
     fixed = (0xF << 76) | (0b11 << 62)
     ones = zeros = 0
@@ -165,6 +171,14 @@ def test_message_ids_are_random_version_4_uuids_unique_across_sessions():
         ones |= i.int
         zeros |= ~i.int
     assert ones & ~fixed & zeros == ((1 << 128) - 1) & ~fixed
+
+
+def test_the_message_id_default_is_the_sql_its_migration_set():
+    # Django does not compare a default's SQL between the model and the migrations.
+    migration = importlib.import_module(
+        "task_queue.migrations.0030_outbox_message_id_from_session_random"
+    )
+    assert SessionRandomUUID.template == migration.SESSION_RANDOM_UUID
 
 
 @pytest.mark.django_db(transaction=True)

@@ -7,13 +7,17 @@ from django.db.models.functions import Now
 
 class SessionRandomUUID(Func):
     """A random version 4 UUID from the session's pseudo-random generator (PostgreSQL
-    17's ``random(min, max)``, seeded from the kernel when the session starts): 122
-    random bits, for ids that must be unique, not unguessable.
+    17's ``random(min, max)``, seeded from the kernel at its first use in the
+    session): 122 random bits, for ids that must be unique, not unguessable. No
+    connection of the product calls ``setseed()``, which would make them repeat.
 
     Why not ``gen_random_uuid()``: PostgreSQL built without OpenSSL, as the embedded
     server is, reads the kernel's random source for each one (open, read, close):
     2.6 us a UUID against 0.4 us for this, and 5 % of PostgreSQL's time in a drain,
     which writes two envelopes a task (docs/performance.md).
+
+    Django does not see a change of ``template`` (it is not part of the field's
+    deconstruction): a new SQL needs a migration that sets it, as queue 0030 does.
     """
 
     template = (
