@@ -208,6 +208,29 @@ def test_a_workers_sessions_plan_again_once_tasks_has_doubled(set_up, monkeypatc
         connection.close()
 
 
+def test_the_size_is_read_at_most_once_an_interval(monkeypatch):
+    # Between two reads a connection's plans stay as they are, however much tasks grew.
+    connection.close()
+    execute("ALTER TABLE tasks SET (autovacuum_enabled = off)", {})
+    try:
+        execute("ANALYZE tasks", {})  # nothing in it
+        monkeypatch.setattr(db, "PLANS_CHECKED_EVERY_SECONDS", 3600)
+        leasing.prepare_claim_session()  # the first read
+        execute("PREPARE every_task AS SELECT id FROM tasks", {})
+        planned_for_none = _rows_planned("every_task")
+
+        execute(BURST, {})
+        leasing.prepare_claim_session()
+        assert _rows_planned("every_task") == planned_for_none  # not read again yet
+
+        monkeypatch.setattr(db, "PLANS_CHECKED_EVERY_SECONDS", 0)
+        leasing.prepare_claim_session()
+        assert _rows_planned("every_task") > 1_000
+    finally:
+        execute("ALTER TABLE tasks RESET (autovacuum_enabled)", {})
+        connection.close()
+
+
 def test_the_generic_completion_looks_each_task_up_by_its_id(outcome_session):
     # Statistics taken while nothing was held, then 2,000 tasks held: the index of held
     # leases looks nearly empty, and in a busy drain it is full of dead entries.
