@@ -9,6 +9,7 @@ import json
 import re
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -25,22 +26,50 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def claim_session() -> Iterator[None]:
-    """This test's connection with the settings of a worker's fetch loop (generic plans
-    among them), new, and closed afterwards, so no later test plans with them."""
+def new_connection() -> Iterator[None]:
+    """A connection of this test's own: nothing known of its plans before, and none of
+    its settings or plans left to later tests."""
     connection.close()
-    leasing.prepare_claim_session()
     yield
     connection.close()
 
 
 @pytest.fixture
-def outcome_session() -> Iterator[None]:
+def claim_session(new_connection) -> None:
+    """This test's connection with the settings of a worker's fetch loop (generic plans
+    among them)."""
+    leasing.prepare_claim_session()
+
+
+@pytest.fixture
+def outcome_session(new_connection) -> None:
     """As ``claim_session``, with the settings of a worker's outcome writer."""
-    connection.close()
     outcomes.prepare_outcome_session()
-    yield
-    connection.close()
+
+
+@contextmanager
+def _autovacuum_off(*tables: str) -> Iterator[None]:
+    """No autovacuum on ``tables`` meanwhile: its ANALYZE would give the statistics a
+    test chose away, and make every plan over those tables again by itself."""
+    for table in tables:
+        execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)", {})
+    try:
+        yield
+    finally:
+        for table in tables:
+            execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)", {})
+
+
+def _analysed_empty() -> None:
+    """Statistics that say tasks is empty, as it is."""
+    assert fetch(db.TABLE_BYTES, {"table": "tasks"}) == [(0,)]
+    execute("ANALYZE tasks", {})
+
+
+def _plan_json(explained: Any) -> dict[str, Any]:
+    """The top node of an ``EXPLAIN (FORMAT JSON)`` answer (decoded or not)."""
+    explained = explained if isinstance(explained, list) else json.loads(explained)
+    return explained[0]["Plan"]
 
 
 # The claim's parameters: their types, and values as SQL literals.
@@ -78,22 +107,18 @@ def _generic_plan(
         ((plan,),) = cursor.fetchall()
         cursor.execute("DEALLOCATE generic_plan_test")
         transaction.set_rollback(True)
-    plan = plan if isinstance(plan, list) else json.loads(plan)
-    return plan[0]["Plan"]
+    return _plan_json(plan)
 
 
 def test_the_generic_claim_takes_due_tasks_from_the_ordered_scan_after_a_burst(claim_session):
     # As in test_claim_plan: statistics taken while nothing was pending, then a burst.
-    execute("ALTER TABLE tasks SET (autovacuum_enabled = off)", {})
-    try:
+    with _autovacuum_off("tasks"):
         enqueue_many([TaskSpec("EchoAgent", "echo")])
         execute("UPDATE tasks SET status = 'completed', finished_at = now()", {})
         execute("ANALYZE tasks", {})
         enqueue_many([TaskSpec("EchoAgent", "echo") for _ in range(20_000)])
 
         plan = _generic_plan(leasing.CLAIM_TASKS, CLAIM_TYPES, CLAIM_VALUES)
-    finally:
-        execute("ALTER TABLE tasks RESET (autovacuum_enabled)", {})
 
     (lock_rows,) = [n for n in plan_nodes(plan) if n["Node Type"] == "LockRows"]
     assert [(n["Node Type"], n.get("Index Name")) for n in lock_rows["Plans"]] == [
@@ -121,23 +146,16 @@ def test_a_claim_planned_on_an_empty_queue_is_planned_again_when_tasks_arrive(
     # the second case shows PostgreSQL still does so, which is what the first guards
     # against.
     monkeypatch.setattr(db, "PLANS_CHECKED_EVERY_SECONDS", 0)
-    # An autovacuum ANALYZE of any table the claim reads would remake its plan too.
-    claim_tables = ["tasks", "agent_limits", "paused_agents", "event_outbox", "agent_starts"]
-    for table in claim_tables:
-        execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)", {})
-    try:
-        assert fetch(db.TABLE_BYTES, {"table": "tasks"}) == [(0,)]
-        execute("ANALYZE tasks", {})  # nothing in it
 
-        def burst() -> None:
-            execute(BURST, {})
-            if remade:
-                leasing.prepare_claim_session()
+    def burst() -> None:
+        execute(BURST, {})
+        if remade:
+            leasing.prepare_claim_session()
 
+    # Every table the claim reads: an ANALYZE of any would remake its plan too.
+    with _autovacuum_off("tasks", "agent_limits", "paused_agents", "event_outbox", "agent_starts"):
+        _analysed_empty()
         plan = _generic_plan(leasing.CLAIM_TASKS, CLAIM_TYPES, CLAIM_VALUES, meanwhile=burst)
-    finally:
-        for table in claim_tables:
-            execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)", {})
 
     tasks_read = max(
         n["Actual Rows"] * n["Actual Loops"]
@@ -156,8 +174,7 @@ def test_a_claim_planned_on_an_empty_queue_is_planned_again_when_tasks_arrive(
 def _rows_planned(statement: str) -> int:
     """The rows the plan of the prepared ``statement`` that would run now expects."""
     ((plan,),) = fetch(f"EXPLAIN (FORMAT JSON) EXECUTE {statement}", {})
-    plan = plan if isinstance(plan, list) else json.loads(plan)
-    return plan[0]["Plan"]["Plan Rows"]
+    return _plan_json(plan)["Plan Rows"]
 
 
 @pytest.mark.parametrize(
@@ -165,17 +182,14 @@ def _rows_planned(statement: str) -> int:
     [leasing.prepare_claim_session, outcomes.prepare_outcome_session],
     ids=["fetch loop", "outcome writer"],
 )
-def test_a_workers_sessions_plan_again_once_tasks_has_doubled(set_up, monkeypatch):
+def test_a_workers_sessions_plan_again_once_tasks_has_doubled(set_up, new_connection, monkeypatch):
     # Both of a worker's sessions keep generic plans; a statement here stands for
     # theirs, its plan made while tasks is empty. Small growth keeps it; a table grown
     # to twice its size (and 1 MB at least) has it made again, once; after the table
     # shrank, twice its smaller size does.
     monkeypatch.setattr(db, "PLANS_CHECKED_EVERY_SECONDS", 0)
-    connection.close()  # a new connection: nothing known of its plans
-    execute("ALTER TABLE tasks SET (autovacuum_enabled = off)", {})
-    try:
-        assert fetch(db.TABLE_BYTES, {"table": "tasks"}) == [(0,)]
-        execute("ANALYZE tasks", {})  # nothing in it
+    with _autovacuum_off("tasks"):
+        _analysed_empty()
         set_up()
         execute("PREPARE every_task AS SELECT id FROM tasks", {})
         planned_for_none = _rows_planned("every_task")
@@ -197,23 +211,18 @@ def test_a_workers_sessions_plan_again_once_tasks_has_doubled(set_up, monkeypatc
         # Emptied (PostgreSQL plans again itself, for an empty table), then a burst
         # smaller than twice the largest size seen before.
         execute("TRUNCATE tasks", {})
-        execute("ANALYZE tasks", {})
+        _analysed_empty()
         set_up()
         assert _rows_planned("every_task") == planned_for_none
         execute(BURST, {})
         set_up()
         assert _rows_planned("every_task") > 1_000
-    finally:
-        execute("ALTER TABLE tasks RESET (autovacuum_enabled)", {})
-        connection.close()
 
 
-def test_the_size_is_read_at_most_once_an_interval(monkeypatch):
+def test_the_size_is_read_at_most_once_an_interval(new_connection, monkeypatch):
     # Between two reads a connection's plans stay as they are, however much tasks grew.
-    connection.close()
-    execute("ALTER TABLE tasks SET (autovacuum_enabled = off)", {})
-    try:
-        execute("ANALYZE tasks", {})  # nothing in it
+    with _autovacuum_off("tasks"):
+        _analysed_empty()
         monkeypatch.setattr(db, "PLANS_CHECKED_EVERY_SECONDS", 3600)
         leasing.prepare_claim_session()  # the first read
         execute("PREPARE every_task AS SELECT id FROM tasks", {})
@@ -226,16 +235,12 @@ def test_the_size_is_read_at_most_once_an_interval(monkeypatch):
         monkeypatch.setattr(db, "PLANS_CHECKED_EVERY_SECONDS", 0)
         leasing.prepare_claim_session()
         assert _rows_planned("every_task") > 1_000
-    finally:
-        execute("ALTER TABLE tasks RESET (autovacuum_enabled)", {})
-        connection.close()
 
 
 def test_the_generic_completion_looks_each_task_up_by_its_id(outcome_session):
     # Statistics taken while nothing was held, then 2,000 tasks held: the index of held
     # leases looks nearly empty, and in a busy drain it is full of dead entries.
-    execute("ALTER TABLE tasks SET (autovacuum_enabled = off)", {})
-    try:
+    with _autovacuum_off("tasks"):
         enqueue_many([TaskSpec("EchoAgent", "echo") for _ in range(2_000)])
         execute("ANALYZE tasks", {})
         claimed = leasing.claim_tasks(
@@ -266,8 +271,6 @@ def test_the_generic_completion_looks_each_task_up_by_its_id(outcome_session):
                 "now": "NULL",
             },
         )
-    finally:
-        execute("ALTER TABLE tasks RESET (autovacuum_enabled)", {})
 
     # One primary-key lookup per task of the batch, nothing else read from tasks.
     (scan,) = [

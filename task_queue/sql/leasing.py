@@ -84,8 +84,7 @@ def prepare_claim_session() -> None:
     scan is taken; the claim's other sorts (at most its limit of rows) have no
     alternative and stay.
 
-    And its plans are made again once ``tasks`` has grown enough to make them stale
-    (``remake_plans_when_grown``).
+    Stale plans: ``remake_plans_when_grown``.
     """
     set_up_session(PREPARE_CLAIM_SESSION)
     remake_plans_when_grown("tasks")
