@@ -92,7 +92,11 @@ class JetStreamBridge:
         while True:
             try:
                 messages = await subscription.fetch(batch=8, timeout=1)
-            except nats.errors.TimeoutError:
+            # Not only nats.errors.TimeoutError (a subclass): nats-py's fetch of a batch
+            # raises a bare TimeoutError when the server's "no messages" comes
+            # back after the deadline (seen under load: `relay_events --once
+            # --consume-commands` failed with "TimeoutError: ").
+            except TimeoutError:
                 if drain:
                     return
                 continue
