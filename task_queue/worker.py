@@ -37,6 +37,7 @@ from task_queue.sql import leasing
 from task_queue.sql import outcomes as outcomes_sql
 
 from . import leases, reaper, registry, task_logging, tracing
+from .claim_position import ClaimPosition
 from .execution import InFlight, StopReason, deadline_for, run_handler, timed_out
 from .models import WorkerState
 from .notifications import Listener
@@ -86,6 +87,7 @@ class Worker:
         self.inflight: dict[UUID, InFlight] = {}
         self.claimed = 0
         self.released = 0
+        self._claim_position = ClaimPosition()  # the fetch loop's alone
         self.monitor_failure: Exception | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -175,6 +177,7 @@ class Worker:
             limit=limit,
             lease_seconds=self.config.lease_seconds,
             now=self.now(),
+            position=self._claim_position,
         )
         if not claimed:
             return 0

@@ -75,11 +75,11 @@ def _plan_json(explained: Any) -> dict[str, Any]:
 # The claim's parameters: their types, and values as SQL literals.
 CLAIM_TYPES = {
     "agents": "text[]", "limit": "int", "owner": "text", "lease_seconds": "float8",
-    "now": "timestamptz",
+    "now": "timestamptz", "start_priorities": "int[]", "start_times": "timestamptz[]",
 }  # fmt: skip
 CLAIM_VALUES = {
     "agents": "'{EchoAgent}'", "limit": "50", "owner": "'w'", "lease_seconds": "30",
-    "now": "NULL",
+    "now": "NULL", "start_priorities": "'{NULL}'", "start_times": "'{NULL}'",
 }  # fmt: skip
 
 

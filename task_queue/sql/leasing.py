@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from task_queue.claim_position import ClaimPosition
 from task_queue.leases import Lease, held_params
 from task_queue.sql import locks
 from task_queue.sql.db import (
@@ -137,14 +138,19 @@ due AS (
     SELECT t.id, t.priority, t.created_at
     FROM (
         SELECT name, least(%(limit)s, (SELECT room FROM limited WHERE agent_name = a.name))
-            AS room
-        FROM unnest(%(agents)s::text[]) AS a(name)
+            AS room,
+            COALESCE(start_priority, -2147483648) AS start_priority,
+            COALESCE(start_created_at, '-infinity') AS start_created_at
+        FROM unnest(%(agents)s::text[], %(start_priorities)s::int[],
+                    %(start_times)s::timestamptz[])
+            AS a(name, start_priority, start_created_at)
         WHERE NOT EXISTS (SELECT FROM paused_agents p WHERE p.agent_name = a.name)
     ) AS agent
     CROSS JOIN LATERAL (
         SELECT id, priority, created_at
         FROM tasks
         WHERE status = 'pending' AND agent_name = agent.name AND available_at <= {NOW}
+          AND (priority, created_at) >= (agent.start_priority, agent.start_created_at)
         ORDER BY priority, created_at
         LIMIT agent.room
         FOR UPDATE SKIP LOCKED
@@ -164,7 +170,7 @@ claimed AS (
     WHERE t.id = chosen.id
     RETURNING t.id, t.agent_name, t.task_type, t.payload, t.attempts, t.max_attempts,
               t.workflow_id, t.trace_id, t.lease_token, t.payload_ref, t.traceparent,
-              t.lease_owner, t.lease_expires_at
+              t.lease_owner, t.lease_expires_at, t.priority, t.created_at
 ),
 envelopes AS (
     INSERT INTO event_outbox (kind, trace_id, causation_id, subject_id, emitted_at,
@@ -183,19 +189,30 @@ starts AS (
     WHERE limited.rate_limited
 )
 SELECT id, agent_name, task_type, payload, attempts, max_attempts, workflow_id, trace_id,
-       lease_token, payload_ref, traceparent
+       lease_token, payload_ref, traceparent, priority, created_at
 FROM claimed
 """
 
 
 def claim_tasks(
-    *, owner: str, agents: Sequence[str], limit: int, lease_seconds: float, now: datetime | None
+    *,
+    owner: str,
+    agents: Sequence[str],
+    limit: int,
+    lease_seconds: float,
+    now: datetime | None,
+    position: ClaimPosition | None = None,
 ) -> list[ClaimedTask]:
     """Lease up to ``limit`` due pending tasks of ``agents``, best priority first, and
-    start them (status ``running``)."""
+    start them (status ``running``). With a ``position`` (a worker's), each agent's
+    scan starts where it says, and the position is moved on (task_queue.claim_position);
+    without, every claim reads from the head of the index."""
+    starts = position.starts(agents) if position else [None] * len(agents)
     params = {
         "owner": owner,
         "agents": list(agents),
+        "start_priorities": [start[0] if start else None for start in starts],
+        "start_times": [start[1] if start else None for start in starts],
         "limit": limit,
         "lease_seconds": lease_seconds,
         "now": now,
@@ -206,9 +223,11 @@ def claim_tasks(
     # prepared). After its first runs PostgreSQL keeps one generic plan, which takes
     # each agent's tasks from the same ordered scan (tests/test_generic_plans.py).
     rows = fetch_bound(CLAIM_TASKS, params, prepared=True)
+    if position:
+        position.claimed(((row[1], row[-2], row[-1]) for row in rows), filled=len(rows) == limit)
     return [
         ClaimedTask(task_id, agent, task_type, json.loads(payload), *rest)
-        for task_id, agent, task_type, payload, *rest in rows
+        for task_id, agent, task_type, payload, *rest, _priority, _created_at in rows
     ]
 
 
