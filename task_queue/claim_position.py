@@ -5,18 +5,18 @@ priority, created_at). Every task claimed leaves its entry there, at the head wh
 the next claim starts, until a vacuum removes it; autovacuum comes at most every
 ``autovacuum_naptime`` (10 s on the embedded server), so behind a backlog each claim
 walked past up to a hundred thousand such entries, hundreds of index pages, for its
-50 tasks: the cost per task grew with the backlog (issue 15, target 4).
+50 tasks: the cost per task grew with the backlog.
 
 Behind a backlog (the last claim got all it asked for), the next claim of each agent
 starts where this worker's last claim of it began, at the first task it got: the
-entries before it are of tasks already claimed, or locked by another claim. Tasks
-can become pending before that point later: a retry, a revived or released task, a
-task of higher priority, or one whose enqueue committed after later-made tasks had
-been claimed (``created_at`` is when its row was written). None is lost; they are claimed,
-in order, by the next claim from the head of the index: one every
-``FULL_SCAN_EVERY_SECONDS``, and every claim after one that did not fill its room
-(a short queue). So behind a backlog the order is by priority, then age, within that
-interval.
+entries before it were claimed, locked by other claims, or not due then. Tasks
+can become due before that point later: a task of higher priority, a retry, a
+revived, released or reaped task, a delayed task whose time came, a row another claim
+locked and let go, or a task whose enqueue committed after later-made tasks had been
+claimed (``created_at`` is when its row was written). None is lost: the worker's next
+claim from the head of the index takes them, in order; one comes at least every
+``HEAD_SCAN_EVERY_SECONDS`` and after every claim that got fewer tasks than it asked
+for (a short queue). Until then this worker's claims go on behind them.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 
-# At most this long between claims that read each agent's tasks from the head.
-FULL_SCAN_EVERY_SECONDS = 0.1
+# At most this long between a worker's claims that read from the head of the index.
+HEAD_SCAN_EVERY_SECONDS = 0.1
 
 Start = tuple[int, datetime]  # (priority, created_at) in the lease index's order
 
@@ -37,19 +37,20 @@ class ClaimPosition:
     def __init__(
         self,
         *,
-        full_scan_every: float = FULL_SCAN_EVERY_SECONDS,
+        from_head_every: float = HEAD_SCAN_EVERY_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.full_scan_every = full_scan_every
+        self.from_head_every = from_head_every
         self.clock = clock
         self._starts: dict[str, Start] = {}
-        self._full_scan_due = clock()
+        self._from_head_due = clock()
 
-    def starts(self, agents: Sequence[str]) -> list[Start | None]:
-        """Where the next claim starts, per agent; None: at the head of the index."""
-        if self.clock() >= self._full_scan_due:
+    def next_starts(self, agents: Sequence[str]) -> list[Start | None]:
+        """Where the claim about to run starts, per agent (None: at the head of the
+        index); once ``from_head_every`` has passed, the head for every agent."""
+        if self.clock() >= self._from_head_due:
             self._starts.clear()
-            self._full_scan_due = self.clock() + self.full_scan_every
+            self._from_head_due = self.clock() + self.from_head_every
         return [self._starts.get(agent) for agent in agents]
 
     def claimed(self, tasks: Iterable[tuple[str, int, datetime]], *, filled: bool) -> None:

@@ -34,8 +34,9 @@ def claim_session() -> Iterator[None]:
 
 def _locked_scan_of_the_claim() -> dict[str, Any]:
     """What the claim's FOR UPDATE SKIP LOCKED reads its tasks from (not run)."""
+    priority, created_at = leasing.HEAD
     params = {"owner": "w", "agents": ["EchoAgent"], "limit": 50, "lease_seconds": 30.0,
-              "start_priorities": [None], "start_times": [None]}  # fmt: skip
+              "start_priorities": [priority], "start_times": [created_at]}  # fmt: skip
     ((plan,),) = fetch_bound("EXPLAIN (FORMAT JSON) " + leasing.CLAIM_TASKS, params | {"now": None})
     plan = plan if isinstance(plan, list) else json.loads(plan)
     (lock_rows,) = [n for n in plan_nodes(plan[0]["Plan"]) if n["Node Type"] == "LockRows"]

@@ -79,7 +79,8 @@ CLAIM_TYPES = {
 }  # fmt: skip
 CLAIM_VALUES = {
     "agents": "'{EchoAgent}'", "limit": "50", "owner": "'w'", "lease_seconds": "30",
-    "now": "NULL", "start_priorities": "'{NULL}'", "start_times": "'{NULL}'",
+    "now": "NULL", "start_priorities": "'{-2147483648}'",
+    "start_times": "'{0001-01-01 00:00:00+00}'",
 }  # fmt: skip
 
 
@@ -124,6 +125,8 @@ def test_the_generic_claim_takes_due_tasks_from_the_ordered_scan_after_a_burst(c
     assert [(n["Node Type"], n.get("Index Name")) for n in lock_rows["Plans"]] == [
         ("Index Scan", "tasks_pending_lease_idx")
     ]
+    # The scan starts where the claim's position says (task_queue.claim_position).
+    assert "ROW(priority, created_at) >=" in lock_rows["Plans"][0]["Index Cond"]
     assert lock_rows["Actual Rows"] == 50
 
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
+
+from psycopg.types.numeric import Int4
 
 from task_queue.claim_position import ClaimPosition
 from task_queue.leases import Lease, held_params
@@ -138,9 +140,7 @@ due AS (
     SELECT t.id, t.priority, t.created_at
     FROM (
         SELECT name, least(%(limit)s, (SELECT room FROM limited WHERE agent_name = a.name))
-            AS room,
-            COALESCE(start_priority, -2147483648) AS start_priority,
-            COALESCE(start_created_at, '-infinity') AS start_created_at
+            AS room, start_priority, start_created_at
         FROM unnest(%(agents)s::text[], %(start_priorities)s::int[],
                     %(start_times)s::timestamptz[])
             AS a(name, start_priority, start_created_at)
@@ -194,6 +194,12 @@ FROM claimed
 """
 
 
+# Where a claim from the head of the lease index starts: before every task. Sent as
+# int4 and timestamptz whatever the values, so that psycopg prepares the claim once per
+# connection (it picks a list's type from its values: a small int is an int2).
+HEAD = (Int4(-(2**31)), datetime.min.replace(tzinfo=UTC))
+
+
 def claim_tasks(
     *,
     owner: str,
@@ -207,12 +213,13 @@ def claim_tasks(
     start them (status ``running``). With a ``position`` (a worker's), each agent's
     scan starts where it says, and the position is moved on (task_queue.claim_position);
     without, every claim reads from the head of the index."""
-    starts = position.starts(agents) if position else [None] * len(agents)
+    starts = position.next_starts(agents) if position else [None] * len(agents)
+    starts = [(Int4(start[0]), start[1]) if start else HEAD for start in starts]
     params = {
         "owner": owner,
         "agents": list(agents),
-        "start_priorities": [start[0] if start else None for start in starts],
-        "start_times": [start[1] if start else None for start in starts],
+        "start_priorities": [priority for priority, _ in starts],
+        "start_times": [created_at for _, created_at in starts],
         "limit": limit,
         "lease_seconds": lease_seconds,
         "now": now,
@@ -222,13 +229,15 @@ def claim_tasks(
     # claims (an empty claim: about 680 µs of PostgreSQL's CPU as text, 85 µs
     # prepared). After its first runs PostgreSQL keeps one generic plan, which takes
     # each agent's tasks from the same ordered scan (tests/test_generic_plans.py).
-    rows = fetch_bound(CLAIM_TASKS, params, prepared=True)
+    claimed, order = [], []
+    for task_id, agent, task_type, payload, *rest, priority, created_at in fetch_bound(
+        CLAIM_TASKS, params, prepared=True
+    ):
+        claimed.append(ClaimedTask(task_id, agent, task_type, json.loads(payload), *rest))
+        order.append((agent, priority, created_at))
     if position:
-        position.claimed(((row[1], row[-2], row[-1]) for row in rows), filled=len(rows) == limit)
-    return [
-        ClaimedTask(task_id, agent, task_type, json.loads(payload), *rest)
-        for task_id, agent, task_type, payload, *rest, _priority, _created_at in rows
-    ]
+        position.claimed(order, filled=len(claimed) == limit)
+    return claimed
 
 
 # The held tasks, each with the progress its handler reported since the last
