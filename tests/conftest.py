@@ -12,6 +12,8 @@ import pytest
 from django.db import connection
 
 import tests.support.agents  # noqa: F401 - registers the test agents in this process
+from task_queue.sql import leasing
+from task_queue.sql.db import execute
 from tests.support.api import Api, token
 from tests.support.processes import REPO, ManageProcess, WorkerProcess, manage_env
 from tests.support.server import LiveServer
@@ -140,3 +142,17 @@ def blob_dir(settings, tmp_path, monkeypatch) -> Path:
     }
     monkeypatch.setenv("PAYLOAD_BLOB_DIR", str(directory))
     return directory
+
+
+@pytest.fixture
+def claim_session() -> Iterator[None]:
+    """This test's connection with a worker's claim settings; closed afterwards, so no
+    later test plans with them. Autovacuum keeps off tasks meanwhile: an automatic
+    ANALYZE would bring the statistics up to date (the plan tests' burst would no
+    longer be one), and a vacuum would remove the claimed tasks' index entries that
+    the position tests count."""
+    execute("ALTER TABLE tasks SET (autovacuum_enabled = off)", {})
+    leasing.prepare_claim_session()
+    yield
+    connection.close()
+    execute("ALTER TABLE tasks RESET (autovacuum_enabled)", {})

@@ -3,19 +3,16 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
 
 from task_queue.claim_position import ClaimPosition
 from task_queue.models import Priority
 from task_queue.operations import TaskSpec, enqueue_many
 from task_queue.sql import leasing
-from task_queue.sql.db import execute, fetch_bound
-from tests.support.database import plan_nodes
+from task_queue.sql.db import execute
+from tests.support.claims import locked_scan_of_the_claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,18 +25,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture
-def claim_session() -> Iterator[None]:
-    """A worker's claim settings on this test's connection, autovacuum off on tasks (a
-    vacuum would remove the claimed tasks' index entries the tests count); closed
-    afterwards, so no later test plans with them."""
-    execute("ALTER TABLE tasks SET (autovacuum_enabled = off)", {})
-    leasing.prepare_claim_session()
-    yield
-    connection.close()
-    execute("ALTER TABLE tasks RESET (autovacuum_enabled)", {})
 
 
 def claim(limit: int, position: ClaimPosition | None) -> list[leasing.ClaimedTask]:
@@ -64,17 +49,7 @@ def test_behind_a_backlog_a_claim_skips_the_entries_of_the_tasks_claimed_before(
 
     def pages_read(start: Any) -> int:
         """By the claim's scan: index pages, and heap pages of the entries it checks."""
-        params = {"owner": "w:1", "agents": ["EchoAgent"], "limit": 50, "lease_seconds": 30,
-                  "now": None, "start_priorities": [start[0]],
-                  "start_times": [start[1]]}  # fmt: skip
-        with transaction.atomic():
-            ((plan,),) = fetch_bound(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + leasing.CLAIM_TASKS, params
-            )
-            transaction.set_rollback(True)
-        plan = plan if isinstance(plan, list) else json.loads(plan)
-        (lock_rows,) = [n for n in plan_nodes(plan[0]["Plan"]) if n["Node Type"] == "LockRows"]
-        (scan,) = lock_rows["Plans"]
+        scan = locked_scan_of_the_claim(start, "ANALYZE, BUFFERS, FORMAT JSON")
         assert scan["Index Name"] == "tasks_pending_lease_idx"
         assert scan["Actual Rows"] == 50
         return scan["Shared Hit Blocks"] + scan["Shared Read Blocks"]
