@@ -54,8 +54,9 @@ class ClaimPosition:
         return [self._starts.get(agent) for agent in agents]
 
     def claimed(self, tasks: Iterable[tuple[str, int, datetime]], *, filled: bool) -> None:
-        """After a claim: ``tasks`` are the (agent, priority, created_at) it got;
-        ``filled`` whether it got as many as it asked for."""
+        """After a claim: ``tasks`` are the (agent, priority, created_at) of the tasks
+        it got, at least of each agent's first; ``filled`` whether it got as many as it
+        asked for."""
         self._starts.clear()
         if not filled:
             return  # a short queue: claims read from the head, as without a position
