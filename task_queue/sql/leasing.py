@@ -196,7 +196,7 @@ starts AS (
 SELECT id, agent_name, task_type, payload, attempts, max_attempts, workflow_id, trace_id,
        lease_token, payload_ref, traceparent, priority,
        CASE WHEN row_number() OVER (PARTITION BY agent_name ORDER BY priority, created_at) = 1
-            THEN created_at END
+            THEN created_at END AS created_at
 FROM claimed
 """
 
@@ -236,15 +236,15 @@ def claim_tasks(
     # claims (an empty claim: about 680 µs of PostgreSQL's CPU as text, 85 µs
     # prepared). After its first runs PostgreSQL keeps one generic plan, which takes
     # each agent's tasks from the same ordered scan (tests/test_generic_plans.py).
-    claimed, order = [], []
+    claimed, firsts = [], []
     for task_id, agent, task_type, payload, *rest, priority, created_at in fetch_bound(
         CLAIM_TASKS, params, prepared=True
     ):
         claimed.append(ClaimedTask(task_id, agent, task_type, json.loads(payload), *rest))
         if created_at is not None:  # the agent's first task of the claim
-            order.append((agent, priority, created_at))
+            firsts.append((agent, priority, created_at))
     if position:
-        position.claimed(order, filled=len(claimed) == limit)
+        position.claimed(firsts, filled=len(claimed) == limit)
     return claimed
 
 
