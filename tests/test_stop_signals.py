@@ -32,6 +32,8 @@ def test_the_block_can_be_used_again_in_the_same_process():
         assert not fresh.is_set()
     assert signal.getsignal(signal.SIGINT) is before
     with pytest.raises(KeyboardInterrupt):  # Ctrl-C works again outside the blocks
-        os.kill(os.getpid(), signal.SIGINT)
-        for _ in range(1000):  # Python runs the handler between bytecodes
-            pass
+        # raise() delivers it to this thread, and its handler runs before raise_signal
+        # returns. os.kill may deliver it to another thread of the process, which
+        # Python hears of only once that thread is scheduled (a CI run, on a busy
+        # machine, got no KeyboardInterrupt within a loop of 1,000 steps).
+        signal.raise_signal(signal.SIGINT)
