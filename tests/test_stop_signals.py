@@ -23,17 +23,21 @@ def test_a_signal_requests_a_stop_and_the_handlers_come_back():
 
 
 def test_the_block_can_be_used_again_in_the_same_process():
-    before = signal.getsignal(signal.SIGINT)
-    for _ in range(3):
-        with StopSignals() as stop:
-            stop.set()
-            assert stop.is_set()
-    with StopSignals() as fresh:
-        assert not fresh.is_set()
-    assert signal.getsignal(signal.SIGINT) is before
-    with pytest.raises(KeyboardInterrupt):  # Ctrl-C works again outside the blocks
-        # raise() delivers it to this thread, and its handler runs before raise_signal
-        # returns. os.kill may deliver it to another thread of the process, which
-        # Python hears of only once that thread is scheduled (a CI run, on a busy
-        # machine, got no KeyboardInterrupt within a loop of 1,000 steps).
-        signal.raise_signal(signal.SIGINT)
+    # Python's own Ctrl-C handler, whatever this process inherited: a shell without job
+    # control starts a background command with SIGINT ignored, and Python keeps that.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for _ in range(3):
+            with StopSignals() as stop:
+                stop.set()
+                assert stop.is_set()
+        with StopSignals() as fresh:
+            assert not fresh.is_set()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(KeyboardInterrupt):  # Ctrl-C works again outside the blocks
+            # raise() delivers it to this thread, and its handler runs before
+            # raise_signal returns; os.kill may deliver it to another thread of the
+            # process, which Python hears of only once that thread runs.
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
