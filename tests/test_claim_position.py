@@ -12,7 +12,7 @@ from task_queue.models import Priority
 from task_queue.operations import TaskSpec, enqueue_many
 from task_queue.sql import leasing
 from task_queue.sql.db import execute, fetch_bound
-from tests.support.claims import locked_scan_of_the_claim
+from tests.support.claims import claim_params, locked_scan_of_the_claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -125,9 +125,7 @@ def test_a_claim_answers_with_the_created_at_of_each_agents_first_task_alone(cla
         [TaskSpec("EchoAgent", "echo", {"n": n}) for n in range(30)]
         + [TaskSpec("FitmentAgent", "generate_fitment", {"n": n}) for n in range(30)]
     )
-    params = {"owner": "w:1", "agents": ["EchoAgent", "FitmentAgent"], "limit": 40,
-              "lease_seconds": 30.0, "now": None, "start_priorities": [leasing.HEAD[0]] * 2,
-              "start_times": [leasing.HEAD[1]] * 2}  # fmt: skip
+    params = claim_params({"EchoAgent": leasing.HEAD, "FitmentAgent": leasing.HEAD}, limit=40)
 
     rows = fetch_bound(leasing.CLAIM_TASKS, params)
 

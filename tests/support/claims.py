@@ -1,4 +1,4 @@
-"""The claim's plan, as the worker's fetch loop would run it, for the plan tests."""
+"""The claim statement, as the worker's fetch loop would run it, for the claim tests."""
 
 from __future__ import annotations
 
@@ -13,12 +13,19 @@ from task_queue.sql.db import fetch_bound
 from tests.support.database import plan_nodes
 
 
+def claim_params(starts: dict[str, Start], limit: int = 50) -> dict[str, Any]:
+    """``leasing.CLAIM_TASKS``'s parameters for a claim of ``limit`` tasks of the agents
+    in ``starts``, each agent's scan from its start."""
+    return {"owner": "w:1", "agents": list(starts), "limit": limit, "lease_seconds": 30.0,
+            "now": None, "start_priorities": [start[0] for start in starts.values()],
+            "start_times": [start[1] for start in starts.values()]}  # fmt: skip
+
+
 def locked_scan_of_the_claim(start: Start, explain: str = "FORMAT JSON") -> dict[str, Any]:
     """What a claim of 50 EchoAgent tasks from ``start`` reads its tasks from under FOR
     UPDATE SKIP LOCKED: the scan below its LockRows node, from ``EXPLAIN (explain)``.
     With ANALYZE the claim runs, in a transaction rolled back afterwards."""
-    params = {"owner": "w:1", "agents": ["EchoAgent"], "limit": 50, "lease_seconds": 30.0,
-              "now": None, "start_priorities": [start[0]], "start_times": [start[1]]}  # fmt: skip
+    params = claim_params({"EchoAgent": start})
     with transaction.atomic():
         ((plan,),) = fetch_bound(f"EXPLAIN ({explain}) " + leasing.CLAIM_TASKS, params)
         transaction.set_rollback(True)
