@@ -8,7 +8,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from task_queue.models import PRIORITY_MAX, PRIORITY_MIN, TaskStatus
+from task_queue.models import PRIORITY_MAX, PRIORITY_MIN, Task, TaskStatus, Workflow
 from tests.support.processes import REPO
 
 pytestmark = pytest.mark.django_db
@@ -83,6 +83,19 @@ def test_tables_that_grow_with_every_task_are_vacuumed_and_analysed_without_paus
         options = dict(cursor.fetchall())
     for table in tables:
         assert "autovacuum_vacuum_cost_delay=0" in options[table], table
+
+
+def test_a_workflows_tasks_are_found_by_an_index_that_leaves_out_tasks_of_no_workflow():
+    workflow = Workflow.objects.create(name="indexed")
+    inside = Task.objects.create(workflow=workflow, agent_name="EchoAgent", task_type="echo")
+    Task.objects.create(agent_name="EchoAgent", task_type="echo")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'tasks_workflow_idx'")
+        assert cursor.fetchone()[0].endswith("WHERE (workflow_id IS NOT NULL)")
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        query = Task.objects.filter(workflow=workflow)
+        assert "tasks_workflow_idx" in query.explain()
+        assert list(query) == [inside]
 
 
 def test_pgvector_is_enabled():

@@ -8,7 +8,7 @@ import pytest
 from django.db import DatabaseError, DataError, IntegrityError, connection, transaction
 from django.db.transaction import TransactionManagementError
 
-from task_queue.sql.db import execute, fetch, fetch_bound, set_up_session
+from task_queue.sql.db import execute, fetch, fetch_bound, fetch_bound_each, set_up_session
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -83,6 +83,22 @@ def test_prepared_statements_can_be_turned_off_for_a_pooler(settings):
     for _ in range(3):
         assert fetch_bound(sql, {"n": 1}, prepared=True) == [(0,)]
     assert _prepared("SELECT $1::int - 1") == 0
+
+
+def test_runs_sent_one_after_another_are_prepared_once_when_asked():
+    sql = "SELECT %(n)s::int * 10"
+    for prepared, expected in ((False, 0), (True, 1)):
+        with transaction.atomic():
+            answers = fetch_bound_each(sql, ({"n": n} for n in range(5)), prepared=prepared)
+        assert answers == [[(n * 10,)] for n in range(5)]
+        assert _prepared("SELECT $1::int * 10") == expected
+
+
+def test_runs_sent_one_after_another_are_not_prepared_for_a_pooler(settings):
+    settings.QUEUE_PREPARED_STATEMENTS = False
+    with transaction.atomic():
+        fetch_bound_each("SELECT %(n)s::int * 20", ({"n": n} for n in range(3)), prepared=True)
+    assert _prepared("SELECT $1::int * 20") == 0
 
 
 COUNT_SET_UPS = """

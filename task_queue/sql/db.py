@@ -61,11 +61,14 @@ def fetch_bound(sql: str, params: dict[str, Any], *, prepared: bool = False) -> 
         return cursor.fetchall()
 
 
-def fetch_bound_each(sql: str, each_params: Iterable[dict[str, Any]]) -> list[list[tuple]]:
+def fetch_bound_each(
+    sql: str, each_params: Iterable[dict[str, Any]], *, prepared: bool = False
+) -> list[list[tuple]]:
     """``fetch_bound`` of ``sql`` with each of ``each_params`` in turn, in psycopg's
     pipeline mode: each run is sent as soon as its parameters are made, and the next
     are made (the iterable's own work, in Python) while PostgreSQL runs it, on the
-    other core. Their rows, in order, once all have run.
+    other core. Their rows, in order, once all have run. ``prepared`` as for
+    ``fetch_bound``.
 
     An exception from ``each_params`` stops it there, and the caller's transaction
     (which this must run in: the runs before were sent) rolls back with it. If a run
@@ -75,13 +78,16 @@ def fetch_bound_each(sql: str, each_params: Iterable[dict[str, Any]]) -> list[li
         raise RuntimeError("fetch_bound_each needs the caller's transaction")
     connection.ensure_connection()
     connection.validate_no_broken_transaction()
+    prepared = prepared and settings.QUEUE_PREPARED_STATEMENTS
+    if prepared:
+        _allow_prepared_statements(connection.connection)
     cursors: list[psycopg.Cursor] = []
     try:
         with connection.wrap_database_errors:
             with connection.connection.pipeline():
                 for params in each_params:
                     cursors.append(_bound_cursor())
-                    cursors[-1].execute(sql, params)
+                    cursors[-1].execute(sql, params, prepare=prepared)
             # The pipeline has ended: every result is in (a statement with none: []).
             return [cursor.fetchall() if cursor.description else [] for cursor in cursors]
     finally:
