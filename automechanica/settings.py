@@ -163,9 +163,11 @@ QUEUE_SHUTDOWN_GRACE_SECONDS = float(os.environ.get("QUEUE_SHUTDOWN_GRACE_SECOND
 QUEUE_STALE_WORKER_SECONDS = float(
     os.environ.get("QUEUE_STALE_WORKER_SECONDS", 3 * QUEUE_LEASE_SECONDS)
 )
-# A worker's claim and completion are prepared statements (task_queue.sql.db.fetch_bound).
-# Off for a connection pooler that cannot keep prepared statements (PgBouncer in
-# transaction mode before 1.21, or without max_prepared_statements).
+# A worker's claim and completion, and every enqueue's insert, are prepared statements
+# (task_queue.sql.db.fetch_bound, fetch_bound_each). Off for a process connected through
+# a pooler that cannot keep prepared statements (PgBouncer in transaction mode before
+# 1.22, whose DEALLOCATE ALL psycopg sends after a rollback, or without
+# max_prepared_statements).
 QUEUE_PREPARED_STATEMENTS = env_bool(os.environ, "QUEUE_PREPARED_STATEMENTS", True)
 # Metric rollups (task_queue.metrics): a bucket is computed once it ended this long
 # ago (outcomes committing late still land in it), and a first run looks this far back.

@@ -21,6 +21,7 @@ from task_queue.operations import (
     enqueue_many,
     enqueue_many_as_api_json,
 )
+from task_queue.sql.db import fetch
 from tests.support.api import ECHO, field_names
 from tests.support.queue import claim_and_start, complete_pending, fail_pending
 
@@ -30,6 +31,20 @@ pytestmark = pytest.mark.django_db
 # escape character and NULL marker; an array literal's quotes and braces), and text
 # beyond ASCII.
 AWKWARD = 'tab\there\nnew\rline back\\slash \\N "quoted" {braced,} NULL é ✓'
+
+
+PREPARED_INSERTS = (
+    "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'WITH input AS%%'"
+)
+
+
+@pytest.mark.parametrize("prepared", [True, False])
+def test_the_insert_is_prepared_once_per_connection_unless_turned_off(settings, prepared):
+    settings.QUEUE_PREPARED_STATEMENTS = prepared
+    for n in range(3):  # each call a statement per chunk
+        enqueue_many([TaskSpec("EchoAgent", "echo", {"n": n})] * (CHUNK_SIZE + 1))
+    assert fetch(PREPARED_INSERTS, {}) == [(1 if prepared else 0,)]
+    assert Task.objects.count() == 3 * (CHUNK_SIZE + 1)
 
 
 def test_awkward_text_arrives_as_given():

@@ -94,6 +94,21 @@ def test_runs_sent_one_after_another_are_prepared_once_when_asked():
         assert _prepared("SELECT $1::int * 10") == expected
 
 
+def test_runs_sent_one_after_another_are_prepared_again_after_one_failed():
+    # The failed run's transaction rolls back, and psycopg forgets what it prepared.
+    sql = "SELECT 10 / %(n)s::int"
+    with pytest.raises(DataError), transaction.atomic():
+        fetch_bound_each(sql, ({"n": n} for n in (5, 0, 2)), prepared=True)
+    with transaction.atomic():
+        assert fetch_bound_each(sql, ({"n": n} for n in (5, 2)), prepared=True) == [[(2,)], [(5,)]]
+    # Inside a savepoint that rolls back, the outer transaction goes on.
+    with transaction.atomic():
+        with pytest.raises(DataError), transaction.atomic():
+            fetch_bound_each(sql, ({"n": n} for n in (0,)), prepared=True)
+        assert fetch_bound_each(sql, ({"n": n} for n in (1,)), prepared=True) == [[(10,)]]
+    assert _prepared("SELECT 10 / $1::int") == 1
+
+
 def test_runs_sent_one_after_another_are_not_prepared_for_a_pooler(settings):
     settings.QUEUE_PREPARED_STATEMENTS = False
     with transaction.atomic():

@@ -1,18 +1,25 @@
-"""The index of tasks by workflow leaves out tasks in no workflow, so enqueueing those
-costs no entry in it. Django's own AlterField would drop and add the foreign key again,
-checking every task meanwhile; only the index changes here."""
+"""The index of tasks by workflow leaves out tasks in no workflow, so such a task
+costs no entry in it, at its insert nor at any later version of its row. Django's own
+AlterField would drop and add the foreign key again, checking every task meanwhile;
+only the index changes here.
+
+Built and dropped ``CONCURRENTLY`` (so not in a transaction): the queue keeps running
+meanwhile.
+"""
 
 import django.db.models.deletion
+from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+    atomic = False
     dependencies = [
         ("queue", "0030_outbox_message_id_from_session_random"),
     ]
 
     operations = [
-        migrations.AddIndex(
+        AddIndexConcurrently(
             model_name="task",
             index=models.Index(
                 condition=models.Q(("workflow__isnull", False)),
@@ -37,8 +44,9 @@ class Migration(migrations.Migration):
             ],
             database_operations=[
                 migrations.RunSQL(
-                    'DROP INDEX IF EXISTS "tasks_workflow_id_f95e4f06"',
-                    reverse_sql='CREATE INDEX "tasks_workflow_id_f95e4f06" ON "tasks" ("workflow_id")',
+                    'DROP INDEX CONCURRENTLY IF EXISTS "tasks_workflow_id_f95e4f06"',
+                    reverse_sql='CREATE INDEX CONCURRENTLY IF NOT EXISTS "tasks_workflow_id_f95e4f06" '
+                    'ON "tasks" ("workflow_id")',
                 ),
             ],
         ),

@@ -223,9 +223,10 @@ class Task(models.Model):
             # PostgreSQL's CPU per task in queue_bench (docs/performance.md).
             models.Index(fields=["trace_id"], name="tasks_trace_idx"),
             # A workflow's tasks (its page, its counts, cancelling it, the cascade when
-            # it is deleted). Tasks outside any workflow are left out: an insert of
-            # those pays for no entry (about 1 ms of PostgreSQL's 21 a 1,000-task
-            # request, docs/performance.md).
+            # it is deleted). Tasks outside any workflow are left out: such a task
+            # costs no entry here at its insert, nor at its claim and outcome, which
+            # make new versions of its row (in a 1,000-task API request about 1 ms of
+            # PostgreSQL's 21, docs/performance.md).
             models.Index(
                 fields=["workflow"],
                 condition=models.Q(workflow__isnull=False),
