@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 from uuid import UUID
 
@@ -24,31 +25,31 @@ SEQUENCE_BATCH = 5000
 
 @dataclass(frozen=True)
 class Envelope:
+    """One event as read: the columns a reader routes by, and the envelope itself as
+    JSON text, written by PostgreSQL (``outbox.READ_EVENTS``). The rest of the envelope
+    is parsed from that text only when asked for (a stream filter's payload fields)."""
+
     position: int
-    schema_version: str
     message_id: UUID
     kind: str
-    trace_id: str | None
-    causation_id: str | None
     subject_id: str
-    emitted_at: datetime
-    payload: dict[str, Any]
+    trace_id: str | None
+    json_text: str
 
-    def as_dict(self) -> dict[str, Any]:
-        """The envelope as seed 000 writes it, with the stream position added."""
-        return {
-            "schema_version": self.schema_version,
-            "message_id": str(self.message_id),
-            "trace_id": self.trace_id,
-            "causation_id": self.causation_id,
-            "kind": self.kind,
-            "emitted_at": self.emitted_at.isoformat().replace("+00:00", "Z"),
-            "position": self.position,
-            "payload": self.payload,
-        }
+    @cached_property
+    def _parsed(self) -> dict[str, Any]:
+        return json.loads(self.json_text)
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        return self._parsed["payload"]
+
+    @property
+    def causation_id(self) -> str | None:
+        return self._parsed["causation_id"]
 
     def to_json(self) -> bytes:
-        return json.dumps(self.as_dict(), separators=(",", ":")).encode()
+        return self.json_text.encode()
 
 
 def sequence() -> int:
@@ -67,7 +68,7 @@ def next_batch(after: int, *, limit: int, since_time: datetime | None = None) ->
     or after ``since_time``, when given)."""
     sequence()
     rows = outbox.read_events(after=after, limit=limit, since_time=since_time)
-    return [_envelope(*row) for row in rows]
+    return [Envelope(*row) for row in rows]
 
 
 def head() -> int:
@@ -75,20 +76,3 @@ def head() -> int:
     starts after it misses nothing committed before this call."""
     sequence()
     return outbox.head_position()
-
-
-def _envelope(
-    position: int,
-    schema_version: str,
-    message_id: UUID,
-    kind: str,
-    trace_id: str | None,
-    causation_id: str | None,
-    subject_id: str,
-    emitted_at: datetime,
-    payload: str,
-) -> Envelope:
-    return Envelope(
-        position, schema_version, message_id, kind, trace_id, causation_id, subject_id,
-        emitted_at, json.loads(payload),
-    )  # fmt: skip

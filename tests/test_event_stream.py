@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import signal
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from uuid import RFC_4122, UUID
@@ -74,6 +74,12 @@ def test_a_task_lifecycle_is_in_the_stream_in_order():
         "position", "payload",
     }  # fmt: skip
     assert envelope["schema_version"] == "v1" and envelope["emitted_at"].endswith("Z")
+    # Written by PostgreSQL from the stored row, to the microsecond, in UTC.
+    row = OutboxEvent.objects.get(position=completed.position)
+    assert datetime.fromisoformat(envelope["emitted_at"]) == row.emitted_at
+    assert (envelope["position"], envelope["message_id"]) == (row.position, str(row.message_id))
+    assert (envelope["kind"], envelope["payload"]) == (row.kind, row.payload)
+    assert completed.message_id == row.message_id and completed.subject_id == row.subject_id
 
 
 def test_lease_expiry_failure_revive_and_cancel_are_in_the_stream():
