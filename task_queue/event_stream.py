@@ -36,16 +36,20 @@ class Envelope:
     trace_id: str | None
     json_text: str
 
+    # cached_property writes the instance's __dict__ directly, which a frozen dataclass
+    # allows and one with slots would not have.
     @cached_property
     def _parsed(self) -> dict[str, Any]:
         return json.loads(self.json_text)
 
     @property
     def payload(self) -> dict[str, Any]:
+        """The event's payload, parsed from the envelope at the first ask."""
         return self._parsed["payload"]
 
     @property
     def causation_id(self) -> str | None:
+        """The id of what caused the event (seed 000 §3), from the envelope."""
         return self._parsed["causation_id"]
 
     def to_json(self) -> bytes:

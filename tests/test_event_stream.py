@@ -74,12 +74,17 @@ def test_a_task_lifecycle_is_in_the_stream_in_order():
         "position", "payload",
     }  # fmt: skip
     assert envelope["schema_version"] == "v1" and envelope["emitted_at"].endswith("Z")
-    # Written by PostgreSQL from the stored row, to the microsecond, in UTC.
-    row = OutboxEvent.objects.get(position=completed.position)
-    assert datetime.fromisoformat(envelope["emitted_at"]) == row.emitted_at
-    assert (envelope["position"], envelope["message_id"]) == (row.position, str(row.message_id))
-    assert (envelope["kind"], envelope["payload"]) == (row.kind, row.payload)
-    assert completed.message_id == row.message_id and completed.subject_id == row.subject_id
+    # Written by PostgreSQL from the stored row, to the microsecond, in UTC; a missing
+    # cause is null.
+    for event in (created, completed):
+        row = OutboxEvent.objects.get(position=event.position)
+        written = json.loads(event.to_json())
+        assert datetime.fromisoformat(written["emitted_at"]) == row.emitted_at
+        assert (written["position"], written["message_id"]) == (row.position, str(row.message_id))
+        assert (written["kind"], written["payload"]) == (row.kind, row.payload)
+        assert (written["trace_id"], written["causation_id"]) == (row.trace_id, row.causation_id)
+        assert (event.message_id, event.subject_id) == (row.message_id, row.subject_id)
+    assert json.loads(created.to_json())["causation_id"] is None
 
 
 def test_lease_expiry_failure_revive_and_cancel_are_in_the_stream():

@@ -4,7 +4,7 @@ The client sends ``Authorization: Bearer TOKEN`` (any scope: each includes
 ``read``); without a valid token the handshake is refused (HTTP 403) and nothing is
 sent. A token bound to agents gets message and publication events only of its
 agents. Each message is one envelope exactly as ``export_events`` writes a line
-(``Envelope.to_json``, with its ``position``), in position order, filtered by the
+(``Envelope.json_text``, with its ``position``), in position order, filtered by the
 query parameters (``stream_filter``). With ``?after=POSITION`` the client first gets
 the events after that position from the database, then the live ones, each once: a
 client that reconnects with the last position it saw misses nothing and sees
@@ -90,7 +90,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
                 return
             event = waiting.result()
             if event.position > after:  # those up to ``after`` were read in catching up
-                await self.send(text_data=event.to_json().decode())
+                await self.send(text_data=event.json_text)
                 after = event.position
 
     async def _catch_up(self, after: int) -> int:
@@ -105,7 +105,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
             workflows = await workflows_needed([self.subscriber], events)
             for event in events:
                 if self.subscriber.filter.matches(event, workflows):
-                    await self.send(text_data=event.to_json().decode())
+                    await self.send(text_data=event.json_text)
             after = events[-1].position
             if len(events) < BATCH:
                 break

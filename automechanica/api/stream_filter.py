@@ -72,9 +72,14 @@ class StreamFilter:
     def matches(self, event: Envelope, workflows: Mapping[str, str]) -> bool:
         """Whether ``event`` passes every filter given; ``workflows`` maps the task ids
         of its batch to their workflows (needed only with ``workflow_id``)."""
-        task_id = task_of(event)
         if self.trace_id is not None and event.trace_id != self.trace_id:
             return False
+        if self.kinds and not any(fnmatch.fnmatchcase(event.kind, k) for k in self.kinds):
+            return False
+        # The rest looks into the payload: a stream filtered by none of it never parses it.
+        if not (self.workflow_id or self.task_ids or self.agent or self.token_agents):
+            return True
+        task_id = task_of(event)
         if self.workflow_id is not None and workflows.get(task_id or "") != self.workflow_id:
             return False
         if self.task_ids and task_id not in self.task_ids:
@@ -82,9 +87,7 @@ class StreamFilter:
         agents = {event.payload.get(f) for f in AGENT_FIELDS}
         if self.agent is not None and self.agent not in agents:
             return False
-        if self.token_agents and task_id is None and not self.token_agents & agents:
-            return False
-        return not self.kinds or any(fnmatch.fnmatchcase(event.kind, k) for k in self.kinds)
+        return not (self.token_agents and task_id is None and not self.token_agents & agents)
 
 
 def task_of(event: Envelope) -> str | None:
