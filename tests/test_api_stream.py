@@ -15,6 +15,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from automechanica.api import stream, stream_hub
 from automechanica.api.models import ApiToken
+from automechanica.api.stream_filter import StreamFilter
 from task_queue import event_stream
 from task_queue.models import Task
 from task_queue.sql.channels import EVENTS_CHANNEL
@@ -220,3 +221,15 @@ def test_a_token_bound_to_agents_sees_only_their_messages(live_servers):
         first, second = (json.loads(m) for m in receive(socket, 2))
     assert first["payload"]["from_agent"] == "PricingAgent"
     assert second["payload"]["task_id"] == task_id
+
+
+def test_a_filter_parses_an_events_payload_only_when_it_looks_into_it():
+    # An envelope whose text cannot be parsed: a filter that reads the payload fails on
+    # it, one that does not passes it untouched.
+    event = event_stream.Envelope(7, uuid.uuid4(), "evt.task.created.v1", "s", "tr-1", "{")
+    for query in (b"", b"trace_id=tr-1", b"kind=evt.task.*", b"after=3"):
+        assert StreamFilter.from_query(query).matches(event, {})
+    for query in (b"agent=EchoAgent", f"task_id={uuid.uuid4()}".encode()):
+        with pytest.raises(json.JSONDecodeError):
+            StreamFilter.from_query(query).matches(event, {})
+    assert not StreamFilter.from_query(b"trace_id=other").matches(event, {})
