@@ -53,9 +53,7 @@ def fetch_bound(sql: str, params: dict[str, Any], *, prepared: bool = False) -> 
     """
     connection.ensure_connection()
     connection.validate_no_broken_transaction()  # as Django's own cursors do
-    prepared = prepared and settings.QUEUE_PREPARED_STATEMENTS
-    if prepared:
-        _allow_prepared_statements(connection.connection)
+    prepared = _may_prepare(prepared)
     with connection.wrap_database_errors, _bound_cursor() as cursor:
         cursor.execute(sql, params, prepare=prepared)
         return cursor.fetchall()
@@ -78,9 +76,7 @@ def fetch_bound_each(
         raise RuntimeError("fetch_bound_each needs the caller's transaction")
     connection.ensure_connection()
     connection.validate_no_broken_transaction()
-    prepared = prepared and settings.QUEUE_PREPARED_STATEMENTS
-    if prepared:
-        _allow_prepared_statements(connection.connection)
+    prepared = _may_prepare(prepared)
     cursors: list[psycopg.Cursor] = []
     try:
         with connection.wrap_database_errors:
@@ -107,15 +103,20 @@ def _bound_cursor() -> psycopg.Cursor:
 _ONLY_WHEN_ASKED = sys.maxsize
 
 
-def _allow_prepared_statements(conn: psycopg.Connection) -> None:
-    """Let ``conn`` prepare the statements it is asked to, and no other.
+def _may_prepare(asked: bool) -> bool:
+    """Whether a statement ``asked`` to be prepared is (``QUEUE_PREPARED_STATEMENTS``);
+    if so, this thread's connection is let prepare the statements it is asked to, and
+    no other.
 
     Django opens connections with psycopg's prepared statements off, so that they work
     through a pooler that cannot keep them (PgBouncer in transaction mode); such a
     deployment turns ``QUEUE_PREPARED_STATEMENTS`` off.
     """
-    if conn.prepare_threshold is None:
-        conn.prepare_threshold = _ONLY_WHEN_ASKED
+    if not (asked and settings.QUEUE_PREPARED_STATEMENTS):
+        return False
+    if connection.connection.prepare_threshold is None:
+        connection.connection.prepare_threshold = _ONLY_WHEN_ASKED
+    return True
 
 
 @dataclass(slots=True)
