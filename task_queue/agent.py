@@ -60,21 +60,8 @@ class TaskContext:
         costs no database write. ``ValueError`` for a fraction that is not a finite
         number in [0, 1], ``TypeError`` for a message that is not a string.
         """
-        if (
-            isinstance(fraction, bool)
-            or not isinstance(fraction, int | float)
-            or not math.isfinite(fraction)
-            or not 0 <= fraction <= 1
-        ):
-            raise ValueError(f"progress must be a finite number from 0 to 1, not {fraction!r}")
-        if not isinstance(message, str):
-            raise TypeError(f"a progress message must be a string, not {type(message).__name__}")
-        # What PostgreSQL cannot store (NUL, unpaired surrogates) is replaced, so a
-        # message never makes the heartbeat fail.
-        # A status line's start says the most ("3 of 10 items: …"): it keeps its head.
-        text = diagnostic_text(message[:PROGRESS_MESSAGE_MAX_CHARS], PROGRESS_MESSAGE_MAX_CHARS)
         # One new tuple per report: the worker tells a new report by its identity.
-        self.reported_progress = (float(fraction), text)
+        self.reported_progress = progress_report(fraction, message)
 
     def check_cancelled(self) -> None:
         """Raise :class:`TaskCancelled` if the worker asked this handler to stop."""
@@ -107,7 +94,7 @@ class Agent:
 
     def describe(self, task: TaskContext, result: dict[str, Any]) -> str:
         """The text of the AgentEvent written on completion, embedded into agent memory."""
-        return f"{self.name} completed {task.task_type}: {result}"
+        return default_summary(self.name, task.task_type, result)
 
     def is_retryable(self, error: BaseException) -> bool:
         return not isinstance(error, PermanentError) and isinstance(error, self.retryable_errors)
@@ -123,6 +110,31 @@ class Agent:
             "timeout": cls.timeout,
             "retryable_errors": [e.__name__ for e in cls.retryable_errors],
         }
+
+
+def progress_report(fraction: float, message: str) -> tuple[float, str]:
+    """A progress report as the heartbeat writes it (``TaskContext.progress``, and a
+    remote worker's): ``ValueError`` for a fraction that is not a finite number in
+    [0, 1], ``TypeError`` for a message that is not a string."""
+    if (
+        isinstance(fraction, bool)
+        or not isinstance(fraction, int | float)
+        or not math.isfinite(fraction)
+        or not 0 <= fraction <= 1
+    ):
+        raise ValueError(f"progress must be a finite number from 0 to 1, not {fraction!r}")
+    if not isinstance(message, str):
+        raise TypeError(f"a progress message must be a string, not {type(message).__name__}")
+    # What PostgreSQL cannot store (NUL, unpaired surrogates) is replaced, so a
+    # message never makes the heartbeat fail.
+    # A status line's start says the most ("3 of 10 items: …"): it keeps its head.
+    text = diagnostic_text(message[:PROGRESS_MESSAGE_MAX_CHARS], PROGRESS_MESSAGE_MAX_CHARS)
+    return (float(fraction), text)
+
+
+def default_summary(agent: str, task_type: str, result: Any) -> str:
+    """The AgentEvent's text of a completion whose agent says nothing more."""
+    return f"{agent} completed {task_type}: {result}"
 
 
 def require(payload: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:

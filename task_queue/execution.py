@@ -152,7 +152,9 @@ def run_handler(flight: InFlight) -> Outcome | None:
 
 def _result_json(result: Any) -> str:
     """The result as JSON the queue stores; a permanent failure if it cannot be (so a
-    result over QUEUE_MAX_PAYLOAD_BYTES fails its task, "result too large")."""
+    result over QUEUE_MAX_PAYLOAD_BYTES fails its task, "result too large"). The worker
+    protocol over HTTP refuses such a result instead, with the same checks
+    (``task_queue.remote``)."""
     try:
         return blobs.check_size(storable_json(result))
     except blobs.TooLarge as error:
@@ -162,19 +164,22 @@ def _result_json(result: Any) -> str:
 
 
 def _completed(flight: InFlight, result_json: str, summary: str) -> Outcome:
-    """The completion; a result over the blob threshold is written to its blob here,
-    off the outcome writer's thread (which only checks it is there, under its lock)."""
+    return completion(flight.task, result_json, summary, base_delay=flight.agent.base_delay)
+
+
+def completion(task: ClaimedTask, result_json: str, summary: str, *, base_delay: float) -> Outcome:
+    """The completion of ``task``; a result over the blob threshold is written to its
+    blob here, off the outcome writer's thread (which only checks it is there, under
+    its lock). A blob that cannot be written fails the attempt, to be retried."""
     data = result_json.encode()
     if not blobs.needs_blob(data):
-        return Outcome(OutcomeKind.COMPLETED, flight.task, result_json=result_json, summary=summary)
+        return Outcome(OutcomeKind.COMPLETED, task, result_json=result_json, summary=summary)
     try:
         ref = blobs.put(data)
     except OSError as error:
         unavailable = PayloadBlobUnavailable(f"the result's blob could not be written: {error}")
-        return failure(flight.task, unavailable, retryable=True, base_delay=flight.agent.base_delay)
-    return Outcome(
-        OutcomeKind.COMPLETED, flight.task, summary=summary, result_ref=ref, result_blob=data
-    )
+        return failure(task, unavailable, retryable=True, base_delay=base_delay)
+    return Outcome(OutcomeKind.COMPLETED, task, summary=summary, result_ref=ref, result_blob=data)
 
 
 def _stopped(flight: InFlight) -> Outcome | None:
@@ -195,12 +200,27 @@ def timed_out(flight: InFlight) -> Outcome:
 def failure(
     task: ClaimedTask, error: BaseException, *, retryable: bool, base_delay: float
 ) -> Outcome:
+    trace = "".join(traceback.format_exception(error))
+    return reported_failure(
+        task, type(error).__name__, str(error), trace, retryable=retryable, base_delay=base_delay
+    )
+
+
+def reported_failure(
+    task: ClaimedTask,
+    error_type: str,
+    message: str,
+    trace: str | None,
+    *,
+    retryable: bool,
+    base_delay: float,
+) -> Outcome:
+    """A failed attempt as an error's type, message and traceback (a handler's, or what
+    a remote worker reported), its message and traceback cut to size."""
     info: dict[str, Any] = {
-        "type": type(error).__name__,
-        "message": diagnostic_text(str(error), ERROR_MESSAGE_MAX_CHARS),
-        "traceback": diagnostic_text(
-            "".join(traceback.format_exception(error)), TRACEBACK_MAX_CHARS
-        ),
+        "type": error_type,
+        "message": diagnostic_text(message, ERROR_MESSAGE_MAX_CHARS),
+        "traceback": diagnostic_text(trace or "", TRACEBACK_MAX_CHARS),
         "retryable": retryable,
     }
     return Outcome(

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
+from uuid import UUID
 
 from django.db import DatabaseError, connection, transaction
 
@@ -125,40 +126,7 @@ class OutcomeWriter:
 
     def _write(self, batch: list[Outcome]) -> None:
         outcomes_sql.prepare_outcome_session()
-        by_kind: dict[OutcomeKind, list[Outcome]] = {}
-        for outcome in batch:
-            by_kind.setdefault(outcome.kind, []).append(outcome)
-        now = self.now()
-        recorded: set = set()
-        if done := by_kind.get(OutcomeKind.COMPLETED):
-            # Results in blobs are checked (or written again) under their blobs' locks
-            # in the transaction that references them: see task_queue.blobs.
-            with transaction.atomic():
-                for o in done:
-                    if o.result_ref:
-                        blobs.keep(o.result_blob)
-                recorded |= outcomes_sql.complete_tasks(
-                    owner=self.owner,
-                    done=[
-                        (o.task.id, o.task.lease_token, o.result_json, o.result_ref, o.summary)
-                        for o in done
-                    ],
-                    now=now,
-                )
-        if failed := by_kind.get(OutcomeKind.FAILED):
-            rows = outcomes_sql.fail_tasks(
-                owner=self.owner,
-                failures=[
-                    (o.task.id, o.task.lease_token, o.retryable, o.base_delay, o.error_json)
-                    for o in failed
-                ],
-                now=now,
-            )
-            recorded |= {row[0] for row in rows}
-        if cancelled := by_kind.get(OutcomeKind.CANCELLED):
-            recorded |= outcomes_sql.confirm_cancelled(
-                owner=self.owner, held=[(o.task.id, o.task.lease_token) for o in cancelled], now=now
-            )
+        recorded = write_outcomes(self.owner, batch, self.now())
         refused = [o for o in batch if o.task.id not in recorded]
         for outcome in refused:
             with about_task(outcome.task, self.owner):
@@ -171,6 +139,54 @@ class OutcomeWriter:
         with self._count_lock:
             self._unwritten -= len(batch)
         self._written_event.set()
+
+
+def write_outcomes(
+    owner: str, batch: list[Outcome], now: datetime | None
+) -> dict[UUID, tuple[str, datetime | None]]:
+    """Record ``batch``, outcomes of tasks leased to ``owner``: one fenced statement per
+    kind of outcome (the outcome writer's, and the worker protocol's over HTTP).
+    Returns {task id: (its new status, when it is due again if retried)} for the tasks
+    whose lease still held; the others were refused and nothing was written for them."""
+    by_kind: dict[OutcomeKind, list[Outcome]] = {}
+    for outcome in batch:
+        by_kind.setdefault(outcome.kind, []).append(outcome)
+    recorded: dict[UUID, tuple[str, datetime | None]] = {}
+    if done := by_kind.get(OutcomeKind.COMPLETED):
+        # Results in blobs are checked (or written again) under their blobs' locks
+        # in the transaction that references them: see task_queue.blobs.
+        with transaction.atomic():
+            for o in done:
+                if o.result_ref:
+                    blobs.keep(o.result_blob)
+            completed = outcomes_sql.complete_tasks(
+                owner=owner,
+                done=[
+                    (o.task.id, o.task.lease_token, o.result_json, o.result_ref, o.summary)
+                    for o in done
+                ],
+                now=now,
+            )
+        recorded |= dict.fromkeys(completed, ("completed", None))
+    if failed := by_kind.get(OutcomeKind.FAILED):
+        rows = outcomes_sql.fail_tasks(
+            owner=owner,
+            failures=[
+                (o.task.id, o.task.lease_token, o.retryable, o.base_delay, o.error_json)
+                for o in failed
+            ],
+            now=now,
+        )
+        recorded |= {
+            task_id: (status, available_at if status == "pending" else None)
+            for task_id, status, _attempts, available_at in rows
+        }
+    if cancelled := by_kind.get(OutcomeKind.CANCELLED):
+        confirmed = outcomes_sql.confirm_cancelled(
+            owner=owner, held=[(o.task.id, o.task.lease_token) for o in cancelled], now=now
+        )
+        recorded |= dict.fromkeys(confirmed, ("cancelled", None))
+    return recorded
 
 
 def log_outcome(outcome: Outcome) -> None:

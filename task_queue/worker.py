@@ -297,12 +297,12 @@ class Worker:
                     with task_logging.about_task(flight.task, self.id):
                         logger.warning("lost the lease on task %s; stopping it", flight.task.id)
                     flight.stop(StopReason.LEASE_LOST)
-            elif alive[flight.task.id]:
+            elif alive[flight.task.id].cancel_requested:
                 flight.stop(StopReason.CANCEL_REQUESTED)
 
     def _write_heartbeat(
         self, flights: list[InFlight], progress: list[tuple[float, str] | None]
-    ) -> dict[UUID, bool]:
+    ) -> dict[UUID, leasing.HeldLease]:
         return leasing.heartbeat(
             owner=self.id,
             held=[f.held for f in flights],

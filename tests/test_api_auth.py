@@ -67,6 +67,12 @@ REQUIRED_SCOPE = {
     ("PATCH", "api/v1/agents/<name>"): "admin",
     ("GET", "api/v1/workers"): "read",
     ("GET", "api/v1/metrics"): "read",
+    ("POST", "api/v1/agents/<name>/claim"): "write",
+    ("POST", "api/v1/tasks/<task_id>/claim"): "write",
+    ("POST", "api/v1/tasks/<task_id>/heartbeat"): "write",
+    ("POST", "api/v1/tasks/<task_id>/complete"): "write",
+    ("POST", "api/v1/tasks/<task_id>/fail"): "write",
+    ("POST", "api/v1/outcomes"): "write",
 }
 
 

@@ -68,7 +68,7 @@ def test_heartbeat_extends_the_lease_so_the_reaper_leaves_it():
         concurrency=1,
         now=later,
     )
-    assert alive == {task.id: False}
+    assert alive == {task.id: (False, later + timedelta(seconds=LEASE))}
     assert reaper.reap_expired_leases(now=t0 + timedelta(seconds=LEASE + 1)) == []
     assert Task.objects.get(id=task.id).lease_expires_at == later + timedelta(seconds=LEASE)
 

@@ -12,7 +12,16 @@ from ninja.parser import Parser
 
 from . import errors
 from .auth import token_or_staff
-from .routers import memory, messages, publications, schedules, system, tasks, workflows
+from .routers import (
+    memory,
+    messages,
+    publications,
+    remote_workers,
+    schedules,
+    system,
+    tasks,
+    workflows,
+)
 
 
 class StrictJsonParser(Parser):
@@ -64,5 +73,6 @@ for router in (
     messages.router,
     publications.router,
     schedules.router,
+    remote_workers.router,
 ):
     api.add_router("/v1", router)

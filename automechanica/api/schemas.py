@@ -381,6 +381,10 @@ class AgentOut(Schema):
 
 class WorkerOut(Schema):
     worker_id: str
+    kind: Literal["local", "remote"] = Field(
+        description="local: a runworker process; remote: an agent over the worker protocol."
+    )
+    lease_seconds: float | None = Field(description="How long its leases last.")
     hostname: str
     pid: int
     agents: list[str]

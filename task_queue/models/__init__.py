@@ -35,6 +35,7 @@ from .workers import (
     PausedAgent,
     Worker,
     WorkerHeartbeat,
+    WorkerKind,
     WorkerState,
 )
 
@@ -68,6 +69,7 @@ __all__ = [
     "TaskStatus",
     "Worker",
     "WorkerHeartbeat",
+    "WorkerKind",
     "WorkerState",
     "Workflow",
     "dead_letter_payload_contains",

@@ -11,8 +11,14 @@ class WorkerState(models.TextChoices):
     DRAINING = "draining"  # stopping: takes no new task, lets its running ones finish
 
 
+class WorkerKind(models.TextChoices):
+    LOCAL = "local"  # a runworker process of this project, on the database
+    REMOTE = "remote"  # an agent elsewhere, over the HTTP API's worker protocol
+
+
 class Worker(models.Model):
-    """A live worker process, upserted by its heartbeat and removed when it exits."""
+    """A live worker, upserted by its heartbeat and removed when it exits (or
+    forgotten once its heartbeats stop)."""
 
     worker_id = models.TextField(primary_key=True)
     hostname = models.TextField()
@@ -28,10 +34,19 @@ class Worker(models.Model):
     task_ids = ArrayField(models.UUIDField(), default=list, db_default=[], blank=True)
     started_at = models.DateTimeField(db_default=Now())
     last_heartbeat_at = models.DateTimeField(db_default=Now())
+    # A database default, as task_ids: a worker of the release before still registers.
+    kind = models.TextField(choices=WorkerKind.choices, db_default=WorkerKind.LOCAL)
+    # How long its leases last: a remote worker's task heartbeat extends a lease by it.
+    lease_seconds = models.FloatField(null=True, blank=True)
 
     class Meta:
         db_table = "workers"
         ordering = ["worker_id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(kind__in=WorkerKind.values), name="workers_kind_valid"
+            )
+        ]
 
     def __str__(self) -> str:
         return self.worker_id

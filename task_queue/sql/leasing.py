@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from psycopg.types.numeric import Int4
@@ -42,13 +42,26 @@ HELD = TASK_LEASE.held_rows
 FENCED = TASK_LEASE.fenced_batch("t")
 
 
-# The settings of the session that claims tasks (a worker's fetch loop), for as long as
-# its connection lasts.
-PREPARE_CLAIM_SESSION = """
-SELECT set_config('synchronous_commit', 'off', false), set_config('enable_sort', 'off', false),
-       set_config('enable_hashjoin', 'off', false), set_config('enable_mergejoin', 'off', false),
-       set_config('plan_cache_mode', 'force_generic_plan', false)
-"""
+# The settings a claim runs under (why each: prepare_claim_session).
+CLAIM_SETTINGS = {
+    "synchronous_commit": "off",
+    "enable_sort": "off",
+    "enable_hashjoin": "off",
+    "enable_mergejoin": "off",
+    "plan_cache_mode": "force_generic_plan",
+}
+
+
+def _set_claim_settings(is_local: bool) -> str:
+    items = ", ".join(f"set_config('{k}', '{v}', {is_local})" for k, v in CLAIM_SETTINGS.items())
+    return f"SELECT {items}"
+
+
+# For as long as the connection lasts: a worker's fetch loop, whose connection is its own.
+PREPARE_CLAIM_SESSION = _set_claim_settings(False)
+# Until the transaction ends: a claim on a connection others use after it (the web
+# server's pool, for the worker protocol over HTTP), which must not keep them.
+PREPARE_CLAIM_TRANSACTION = _set_claim_settings(True)
 
 
 def prepare_claim_session() -> None:
@@ -93,6 +106,12 @@ def prepare_claim_session() -> None:
     remake_plans_when_grown("tasks")
 
 
+def prepare_claim_transaction() -> None:
+    """The claim's settings until the current transaction ends (call it inside one),
+    for a connection that is not the claimer's own: the web server's, from its pool."""
+    execute(PREPARE_CLAIM_TRANSACTION, {})
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimedTask:
     id: UUID
@@ -106,6 +125,7 @@ class ClaimedTask:
     lease_token: UUID
     payload_ref: str | None  # the payload's blob, when it is too large for the row
     traceparent: str | None  # the span it was enqueued under (task_queue.tracing)
+    priority: int = 0
 
 
 # Each agent's due tasks come from an ordered scan of tasks_pending_lease_idx
@@ -130,8 +150,12 @@ class ClaimedTask:
 # worker's next claim may start: task_queue.claim_position). A timestamptz costs a
 # worker about 6 µs to load (Django's loader for it is Python), and one per task
 # added a seventh to the workers' CPU per drained task.
-CLAIM_TASKS = f"""
-WITH limited AS MATERIALIZED (
+# How the claim picks its tasks: each agent's due tasks in order (AGENT_SCAN), or one
+# named task if it is due (ONE_TASK). Everything around the pick (limits, the update
+# that starts the tasks, their envelopes, the rate log) is one text for both:
+# _claim_statement.
+LIMITED = f"""
+limited AS MATERIALIZED (
     SELECT agent_name, rate_count IS NOT NULL AS rate_limited,
            agent_claim_allowance(agent_name, {locks.AGENT_LIMITS}, {NOW}) AS room
     FROM (
@@ -140,7 +164,9 @@ WITH limited AS MATERIALIZED (
         ORDER BY agent_name
         OFFSET 0
     ) AS l
-),
+)
+"""
+AGENT_SCAN = f"""
 due AS (
     SELECT t.id, t.priority, t.created_at
     FROM (
@@ -160,7 +186,22 @@ due AS (
         LIMIT agent.room
         FOR UPDATE SKIP LOCKED
     ) AS t
-),
+)
+"""
+# A named task (%(task_id)s) of %(agents)s, if it is pending, due, its agent not paused
+# and within its limits; a row another claim holds locked is skipped, as in the scan.
+ONE_TASK = f"""
+due AS (
+    SELECT t.id, t.priority, t.created_at
+    FROM tasks t
+    WHERE t.id = %(task_id)s AND t.agent_name = ANY(%(agents)s::text[])
+      AND t.status = 'pending' AND t.available_at <= {NOW}
+      AND NOT EXISTS (SELECT FROM paused_agents p WHERE p.agent_name = t.agent_name)
+      AND coalesce((SELECT room FROM limited WHERE agent_name = t.agent_name), 1) > 0
+    FOR UPDATE OF t SKIP LOCKED
+)
+"""
+CLAIMED = f"""
 chosen AS (
     SELECT id FROM due ORDER BY priority, created_at LIMIT %(limit)s
 ),
@@ -199,6 +240,14 @@ SELECT id, agent_name, task_type, payload, attempts, max_attempts, workflow_id, 
             THEN created_at END AS created_at
 FROM claimed
 """
+
+
+def _claim_statement(due: str) -> str:
+    return f"WITH {LIMITED.strip()},\n{due.strip()},\n{CLAIMED.strip()}\n"
+
+
+CLAIM_TASKS = _claim_statement(AGENT_SCAN)
+CLAIM_TASK_BY_ID = _claim_statement(ONE_TASK)
 
 
 # Where a claim from the head of the lease index starts: before every task. Sent as
@@ -240,12 +289,57 @@ def claim_tasks(
     for task_id, agent, task_type, payload, *rest, priority, created_at in fetch_bound(
         CLAIM_TASKS, params, prepared=True
     ):
-        claimed.append(ClaimedTask(task_id, agent, task_type, json.loads(payload), *rest))
+        claimed.append(ClaimedTask(task_id, agent, task_type, json.loads(payload), *rest, priority))
         if created_at is not None:  # the agent's first task of the claim
             firsts.append((agent, priority, created_at))
     if position:
         position.claimed(firsts, filled=len(claimed) == limit)
     return claimed
+
+
+def claim_task(
+    *, owner: str, task_id: UUID, agent: str, lease_seconds: float, now: datetime | None
+) -> ClaimedTask | None:
+    """Lease and start the task ``task_id`` of ``agent`` if it can start now (pending,
+    due, its agent not paused, within its limits, not locked by another claim); the
+    claim of :func:`claim_tasks`, picking that one task."""
+    params = {
+        "owner": owner,
+        "task_id": task_id,
+        "agents": [agent],
+        "limit": 1,
+        "lease_seconds": lease_seconds,
+        "now": now,
+    }
+    for task_id_, agent_, task_type, payload, *rest, priority, _created_at in fetch(
+        CLAIM_TASK_BY_ID, params
+    ):
+        return ClaimedTask(task_id_, agent_, task_type, json.loads(payload), *rest, priority)
+    return None
+
+
+# Why a named task could not be claimed now (CLAIM_TASK_BY_ID took nothing): read
+# after that claim, so a task another claim took meanwhile shows as held.
+WHY_NOT_CLAIMABLE = f"""
+SELECT t.status, t.available_at > {NOW} AS not_due,
+       EXISTS (SELECT FROM paused_agents p WHERE p.agent_name = t.agent_name) AS paused
+FROM tasks t WHERE t.id = %(task_id)s
+"""
+
+
+def why_not_claimable(task_id: UUID, now: datetime | None) -> tuple[str, bool, bool] | None:
+    """(status, not yet due, agent paused) of the task, or None if there is none."""
+    rows = fetch(WHY_NOT_CLAIMABLE, {"task_id": task_id, "now": now})
+    return rows[0] if rows else None
+
+
+LEASE_END = f"SELECT {NOW} + make_interval(secs => %(lease_seconds)s)"
+
+
+def lease_end(lease_seconds: float, now: datetime | None) -> datetime:
+    """When a lease granted in this transaction for ``lease_seconds`` ends: every claim
+    statement of a transaction has its clock (``now()`` is the transaction's start)."""
+    return fetch(LEASE_END, {"lease_seconds": lease_seconds, "now": now})[0][0]
 
 
 # The held tasks, each with the progress its handler reported since the last
@@ -263,27 +357,47 @@ WRITE_PROGRESS = f"""progress = COALESCE(held.fraction, t.progress),
     updated_at = CASE WHEN held.fraction IS NULL THEN t.updated_at ELSE {NOW} END"""
 EXTEND_AND_WRITE_PROGRESS = TASK_LEASE.extend_statement(
     "t",
-    "t.id, t.cancel_requested_at IS NOT NULL",
+    "t.id, t.cancel_requested_at IS NOT NULL, t.lease_expires_at",
     held_rows=HELD_WITH_PROGRESS,
     also_set=WRITE_PROGRESS,
 )
 
 # One statement per heartbeat, whatever the worker holds: extend its leases, write
 # its handlers' progress (fenced like any write about a task: a worker that lost a
-# lease writes nothing to that task), and upsert its row in the registry, whose tasks
-# are the leases it still holds.
+# lease writes nothing to that task), and upsert its row in the registry.
+#
+# The row's tasks are the leases it still holds. A worker that names every lease it
+# holds (%(whole)s: runworker) gives them whole. The worker protocol over HTTP sees a
+# remote worker's leases a few at a time (one task's heartbeat, the tasks one claim
+# took: %(known)s): its row keeps those it had and adds these, less every task the
+# worker no longer holds (each looked up by its id).
 HEARTBEAT = f"""
 WITH extended AS ({EXTEND_AND_WRITE_PROGRESS}),
 registered AS (
-    INSERT INTO workers (worker_id, hostname, pid, agents, concurrency, in_flight,
-                         memory_bytes, state, task_ids, started_at, last_heartbeat_at)
-    SELECT %(owner)s, %(hostname)s, %(pid)s, %(agents)s::text[], %(concurrency)s,
-           cardinality(still_held.ids), %(memory_bytes)s, %(state)s, still_held.ids, {NOW}, {NOW}
-    FROM (SELECT COALESCE(array_agg(id ORDER BY id), '{{}}') AS ids FROM extended) still_held
+    INSERT INTO workers (worker_id, kind, hostname, pid, agents, concurrency, lease_seconds,
+                         in_flight, memory_bytes, state, task_ids, started_at,
+                         last_heartbeat_at)
+    SELECT %(owner)s, %(kind)s, %(hostname)s, %(pid)s, %(agents)s::text[], %(concurrency)s,
+           %(lease_seconds)s, cardinality(still_held.ids), %(memory_bytes)s, %(state)s,
+           still_held.ids, {NOW}, {NOW}
+    FROM (
+        SELECT COALESCE(array_agg(id ORDER BY id), '{{}}') AS ids
+        FROM (SELECT id FROM extended UNION SELECT unnest(%(known)s::uuid[])) AS held
+    ) still_held
     ON CONFLICT (worker_id) DO UPDATE
-    SET last_heartbeat_at = EXCLUDED.last_heartbeat_at, in_flight = EXCLUDED.in_flight,
+    SET kind = EXCLUDED.kind, lease_seconds = EXCLUDED.lease_seconds,
+        last_heartbeat_at = EXCLUDED.last_heartbeat_at,
         memory_bytes = EXCLUDED.memory_bytes, state = EXCLUDED.state,
-        task_ids = EXCLUDED.task_ids
+        (task_ids, in_flight) = (
+            SELECT ids, cardinality(ids) FROM (
+                SELECT CASE WHEN %(whole)s THEN EXCLUDED.task_ids ELSE ARRAY(
+                    SELECT h.id FROM tasks h
+                    WHERE h.id = ANY(workers.task_ids || EXCLUDED.task_ids)
+                      AND h.lease_owner = %(owner)s AND h.status IN ({TASK_LEASE.held_statuses})
+                    ORDER BY h.id
+                ) END AS ids
+            ) AS merged
+        )
 ),
 -- The statement sees workers as it was before: the gap is since the last heartbeat.
 gap AS (
@@ -302,6 +416,13 @@ SELECT * FROM extended
 """
 
 
+class HeldLease(NamedTuple):
+    """A lease a heartbeat extended."""
+
+    cancel_requested: bool
+    expires_at: datetime
+
+
 def heartbeat(
     *,
     owner: str,
@@ -315,13 +436,20 @@ def heartbeat(
     memory_bytes: int | None = None,
     state: str = "idle",
     progress: Sequence[tuple[float, str] | None] = (),
-) -> dict[UUID, bool]:
-    """Extend every lease the worker holds, write the progress reported for them
-    (``progress``: one (fraction, message) or None per held task, in ``held``'s order;
-    empty: none) and record that the worker is alive, in ``state``.
+    kind: str = "local",
+    whole: bool = True,
+    known: Sequence[UUID] = (),
+) -> dict[UUID, HeldLease]:
+    """Extend every lease in ``held`` (the worker's), write the progress reported for
+    them (``progress``: one (fraction, message) or None per held task, in ``held``'s
+    order; empty: none) and record that the worker is alive, in ``state``.
 
-    Returns {task id: cancel requested} for the leases still held; a held task
-    missing from the answer was lost (expired and reaped, or cancelled).
+    ``whole``: ``held`` is every lease the worker holds. Otherwise (a remote worker)
+    its row's tasks are those it had, ``held``'s and ``known``'s, less those it no
+    longer holds.
+
+    Returns the leases still held, by task id; a held task missing from the answer was
+    lost (expired and reaped, or cancelled).
     """
     reports = list(progress) or [None] * len(held)
     params = held_params(owner, held, now) | {
@@ -334,8 +462,56 @@ def heartbeat(
         "agents": list(agents),
         "concurrency": concurrency,
         "memory_bytes": memory_bytes,
+        "kind": kind,
+        "whole": whole,
+        "known": list(known),
     }
-    return dict(fetch(HEARTBEAT, params))
+    return {row[0]: HeldLease(row[1], row[2]) for row in fetch(HEARTBEAT, params)}
+
+
+# Who holds each of these leases (id, lease token), and for how long its worker's leases
+# last: the worker protocol's writes name only the task and its lease token, and run
+# the fenced statements as that holder. A lease not found is not held any more.
+LEASE_HOLDERS = f"""
+SELECT t.lease_owner, w.lease_seconds, t.id, t.agent_name, t.task_type, t.attempts,
+       t.max_attempts, t.workflow_id, t.trace_id, t.lease_token, t.traceparent, t.priority
+FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS held(id, lease_token)
+JOIN tasks t ON t.id = held.id AND t.lease_token = held.lease_token
+LEFT JOIN workers w ON w.worker_id = t.lease_owner
+WHERE t.status IN ({TASK_LEASE.held_statuses})
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseHolder:
+    owner: str
+    lease_seconds: float | None  # its worker's, when the worker is registered
+    task: ClaimedTask  # without its payload
+
+
+def lease_holders(held: Sequence[tuple[UUID, UUID]]) -> dict[UUID, LeaseHolder]:
+    """The holders of those of ``held`` (id, lease token) still held, by task id."""
+    holders = {}
+    for owner, lease_seconds, *columns in fetch(LEASE_HOLDERS, held_params(None, held, None)):
+        (
+            task_id,
+            agent,
+            task_type,
+            attempts,
+            max_attempts,
+            workflow,
+            trace,
+            token,
+            parent,
+            priority,
+        ) = columns
+        # The payload is not read: a write about the task does not need it.
+        task = ClaimedTask(
+            task_id, agent, task_type, {}, attempts, max_attempts, workflow, trace, token,
+            None, parent, priority,
+        )  # fmt: skip
+        holders[task_id] = LeaseHolder(owner, lease_seconds, task)
+    return holders
 
 
 DELETE_WORKER = "DELETE FROM workers WHERE worker_id = %(owner)s"

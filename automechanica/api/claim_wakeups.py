@@ -1,0 +1,78 @@
+"""Wake-ups for long-polling claims: one per server process.
+
+Whatever the number of waiting claims, a process costs the database one LISTEN on the
+workers' channel (``NOTIFY_CHANNEL``: an enqueue, a retry or revive, a freed slot of a
+limited agent each notify the agent's name, in the writer's transaction), through the
+one LISTEN loop (``task_queue.listen``). A claim subscribes to its agent before it
+claims, so a task that commits between its empty claim and its wait still wakes it.
+
+The LISTEN starts with the first subscription and then stays: remote workers poll
+again as soon as they are answered, and the channel notifies whether anyone listens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from task_queue.listen import listening_async
+from task_queue.sql.channels import NOTIFY_CHANNEL
+
+logger = logging.getLogger(__name__)
+
+RECONNECT_SECONDS = 1.0
+
+
+class ClaimWakeups:
+    def __init__(self) -> None:
+        self._waiting: dict[str, set[asyncio.Event]] = {}
+        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.listening = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, agent: str) -> AsyncIterator[asyncio.Event]:
+        """An event set when a task of ``agent`` may have become due."""
+        self._start()
+        woken = asyncio.Event()
+        self._waiting.setdefault(agent, set()).add(woken)
+        try:
+            yield woken
+        finally:
+            waiting = self._waiting.get(agent, set())
+            waiting.discard(woken)
+            if not waiting:
+                self._waiting.pop(agent, None)
+
+    def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a new event loop (tests)
+            self._loop, self._task = loop, None
+            self.listening = asyncio.Event()
+            self._waiting = {}
+        if self._task is None:
+            self._task = loop.create_task(self._run())
+
+    def _wake(self, agent: str | None) -> None:
+        groups = self._waiting.values() if agent is None else [self._waiting.get(agent, ())]
+        for waiting in groups:
+            for woken in waiting:
+                woken.set()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                async with listening_async(NOTIFY_CHANNEL) as conn:
+                    self.listening.set()
+                    self._wake(None)  # anything that came while no one listened
+                    async for note in conn.notifies():
+                        self._wake(note.payload)
+            except Exception as error:  # the wake-ups must outlive any one failure
+                self.listening.clear()
+                logger.warning("claim wake-ups failed (%r); reconnecting", error)
+                await asyncio.sleep(RECONNECT_SECONDS)
+
+
+wakeups = ClaimWakeups()

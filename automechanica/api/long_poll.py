@@ -1,0 +1,161 @@
+"""The long poll of ``POST /api/v1/agents/{name}/claim``, waiting outside Django.
+
+Django's ASGI handler gives every request a thread of its own for its synchronous
+parts (an asgiref ``ThreadSensitiveContext``) until the response is sent, and the
+view would hold a pooled database connection meanwhile: two hundred remote workers
+waiting would be two hundred threads. So the waiting happens here, in the server's
+event loop, between two runs of the ordinary view:
+
+1. subscribe to the agent's wake-ups (``claim_wakeups``), then run the request
+   through Django with a :class:`LongPoll` in its scope, keeping the answer back;
+2. if the view found nothing due and asked to wait (``LongPoll.wait``), drop that
+   answer, wait for a wake-up, the next task's due time, a re-registration tick or
+   the deadline, with no thread and no connection, and run the request again;
+3. otherwise send the answer.
+
+Every run authenticates and claims afresh, so a revoked token or a paused agent takes
+effect at the next wake-up. A client that hangs up ends the wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import unquote
+
+from django.conf import settings
+
+from .claim_wakeups import wakeups
+
+# The key of the request's LongPoll in the ASGI scope (the view reads request.scope).
+LONG_POLL = "automechanica.long_poll"
+CLAIM_PATH = re.compile(r"/api/v1/agents/(?P<agent>[^/]+)/claim/?")
+# Without a LISTEN in effect (the database unreachable), claims are retried this often.
+UNHEARD_RETRY_SECONDS = 1.0
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+App = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Any]
+
+
+class LongPoll:
+    """What the claim view tells the wrapper: wait (until when, and when the agent's
+    next task falls due), or answer now."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.deadline: float | None = None
+        self.due_in: float | None = None
+        self.waiting = False
+
+    def wait(self, wait_seconds: float, due_in: float | None) -> None:
+        """Nothing was claimed: wait, until ``wait_seconds`` after the request came in,
+        for a task of the agent (``due_in``: seconds until the next one falls due)."""
+        if self.deadline is None:
+            self.deadline = self.started + wait_seconds
+        self.due_in = due_in
+        self.waiting = time.monotonic() < self.deadline
+
+    def timeout(self, listening: bool) -> float:
+        """How long the next wait may last."""
+        remaining = self.deadline - time.monotonic()
+        # A waiting worker is re-registered (its row on /workers/ kept fresh) at every
+        # run: at least every third of a lease, as runworker heartbeats.
+        limits = [remaining, settings.QUEUE_LEASE_SECONDS / 3]
+        if self.due_in is not None:
+            limits.append(max(self.due_in, 0.0))
+        if not listening:
+            limits.append(UNHEARD_RETRY_SECONDS)
+        return max(min(limits), 0.0)
+
+
+def long_polling(app: App) -> App:
+    """``app`` with the claim route's long poll; every other request passes through."""
+
+    async def application(scope: Scope, receive: Any, send: Any) -> None:
+        match = CLAIM_PATH.fullmatch(scope.get("path", "")) if scope["type"] == "http" else None
+        if match is None or scope.get("method") != "POST":
+            return await app(scope, receive, send)
+        await _claim(app, scope, receive, send, unquote(match["agent"]))
+
+    return application
+
+
+async def _claim(app: App, scope: Scope, receive: Any, send: Any, agent: str) -> None:
+    body = await _read_body(receive)
+    if body is None:
+        return  # the client hung up before its request was whole
+    hung_up = asyncio.Event()
+    watcher = asyncio.create_task(_watch_disconnect(receive, hung_up))
+    poll = LongPoll()
+    try:
+        while True:
+            answer: list[Message] = []
+            async with wakeups.subscribe(agent) as woken:
+                poll.waiting = False
+                await app({**scope, LONG_POLL: poll}, _replay(body, hung_up), _keep(answer))
+                if not poll.waiting or hung_up.is_set():
+                    break
+                timeout = poll.timeout(wakeups.listening.is_set())
+                await _first(woken.wait(), hung_up.wait(), timeout=timeout)
+            if hung_up.is_set():
+                return
+        for message in answer:
+            await send(message)
+    finally:
+        watcher.cancel()
+
+
+async def _read_body(receive: Any) -> bytes | None:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _watch_disconnect(receive: Any, hung_up: asyncio.Event) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    hung_up.set()
+
+
+def _replay(body: bytes, hung_up: asyncio.Event) -> Callable[[], Awaitable[Message]]:
+    """The request's body once, then (as a server would) a disconnect when the client
+    hangs up."""
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await hung_up.wait()
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
+def _keep(answer: list[Message]) -> Callable[[Message], Awaitable[None]]:
+    async def send(message: Message) -> None:
+        answer.append(message)
+
+    return send
+
+
+async def _first(*waits: Awaitable[Any], timeout: float) -> None:
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,296 @@
+"""The queue's side of the worker protocol over HTTP: what a worker that is not a
+process of this project (an agent elsewhere, holding only an API token) does to the
+queue. ``automechanica.api.routers.remote_workers`` serves it.
+
+Every step is runworker's own statement, not a copy:
+
+- a claim is ``leasing.claim_tasks`` (limits, pause, priorities, a claim position per
+  remote worker) or ``leasing.claim_task`` for one named task, the same claim picking
+  that task;
+- a task's heartbeat is ``leasing.heartbeat``, extending that one lease and keeping
+  the worker's row in ``workers`` (kind ``remote``);
+- outcomes are ``outcomes.write_outcomes``, the outcome writer's fenced statements,
+  run as the lease's holder: a write names only the task and its lease token, and
+  one whose token is not the task's current one changes nothing.
+
+The one difference is where the claim's settings live: on the web server's pooled
+connections they last the claim's transaction only (``prepare_claim_transaction``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import transaction
+
+from task_queue.sql import leasing
+
+from . import blobs, registry
+from .agent import default_summary
+from .claim_position import ClaimPosition
+from .execution import SUMMARY_MAX_CHARS, Outcome, completion, failure, reported_failure
+from .models import WorkerKind, WorkerState
+from .outcomes import write_outcomes
+from .storable import diagnostic_text, storable_json
+
+# Remote workers whose claim positions a server process keeps (the least recently
+# used are forgotten: a forgotten position only means its next claim reads from the
+# head of the index).
+KEPT_POSITIONS = 10_000
+
+
+class NotClaimable(Exception):
+    """A named task that cannot be claimed now; ``reason`` says why (a stable code)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class InvalidOutcome(ValueError):
+    """A report that cannot be recorded as given: the ``index``-th report's ``field``."""
+
+    def __init__(self, index: int, field: str, message: str, *, too_large: bool) -> None:
+        super().__init__(f"{field}: {message}")
+        self.index = index
+        self.field = field
+        self.message = message
+        self.too_large = too_large
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A task a remote worker claimed, with its payload read back from its blob."""
+
+    task: leasing.ClaimedTask
+    payload: Any
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Reported:
+    """What a remote worker reports of one task: a completion (``result``) or a failure
+    (``error``: type, message, traceback)."""
+
+    task_id: UUID
+    lease_token: UUID
+    result: Any = None
+    summary: str | None = None
+    error: dict[str, Any] | None = None
+    retryable: bool = True
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A reported outcome as written: the task's new status (``completed``, ``pending``
+    to be retried at ``available_at``, ``dead``, ``failed`` or ``cancelled``), or None
+    when its lease was no longer held and nothing was written."""
+
+    status: str | None
+    available_at: datetime | None = None
+
+
+class _Positions:
+    """The claim positions of remote workers, by worker and agent."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._positions: OrderedDict[str, ClaimPosition] = OrderedDict()
+
+    def of(self, worker: str) -> ClaimPosition:
+        with self._lock:
+            position = self._positions.pop(worker, None) or ClaimPosition()
+            self._positions[worker] = position
+            while len(self._positions) > KEPT_POSITIONS:
+                self._positions.popitem(last=False)
+            return position
+
+
+_positions = _Positions()
+
+
+def claim(worker: str, agent: str, *, limit: int, lease_seconds: float) -> list[Claimed]:
+    """Lease up to ``limit`` due tasks of ``agent`` to the remote ``worker`` and start
+    them, as runworker's claim does; the worker is registered (or kept alive) in the
+    same transaction."""
+    with transaction.atomic():
+        leasing.prepare_claim_transaction()
+        tasks = leasing.claim_tasks(
+            owner=worker,
+            agents=[agent],
+            limit=limit,
+            lease_seconds=lease_seconds,
+            now=None,
+            position=_positions.of(worker),
+        )
+        ends = leasing.lease_end(lease_seconds, None) if tasks else None
+        _register(worker, [agent], limit, lease_seconds, known=[t.id for t in tasks])
+    return _with_payloads(worker, tasks, ends)
+
+
+def claim_one(worker: str, task_id: UUID, agent: str, *, lease_seconds: float) -> Claimed:
+    """Lease the task ``task_id`` (of ``agent``) to ``worker`` if it can start now;
+    :class:`NotClaimable` says why not."""
+    with transaction.atomic():
+        leasing.prepare_claim_transaction()
+        task = leasing.claim_task(
+            owner=worker, task_id=task_id, agent=agent, lease_seconds=lease_seconds, now=None
+        )
+        if task is None:
+            raise _why_not(task_id)
+        ends = leasing.lease_end(lease_seconds, None)
+        _register(worker, [agent], 1, lease_seconds, known=[task.id])
+    claimed = _with_payloads(worker, [task], ends)
+    if not claimed:
+        raise NotClaimable("payload_unavailable", "the task's payload could not be read")
+    return claimed[0]
+
+
+def _why_not(task_id: UUID) -> NotClaimable:
+    found = leasing.why_not_claimable(task_id, None)
+    if found is None:
+        return NotClaimable("not_found", "no such task")
+    status, not_due, paused = found
+    if status in ("leased", "running"):
+        return NotClaimable("leased", "the task is leased to a worker already")
+    if status != "pending":
+        return NotClaimable("finished", f"the task is {status}")
+    if not_due:
+        return NotClaimable("not_due", "the task is not due yet (available_at)")
+    if paused:
+        return NotClaimable("paused", "the task's agent is paused")
+    return NotClaimable(
+        "over_limit",
+        "the agent is at its concurrency or rate limit (or another claim took the task)",
+    )
+
+
+def next_due_at(agent: str) -> datetime | None:
+    """When a task of ``agent`` can next start, as an idle runworker reads it."""
+    return leasing.next_due_at([agent])
+
+
+def _register(
+    worker: str, agents: list[str], concurrency: int, lease_seconds: float, known: list[UUID]
+) -> None:
+    hostname, _, pid = worker.rpartition(":")
+    leasing.heartbeat(
+        owner=worker,
+        held=[],
+        lease_seconds=lease_seconds,
+        hostname=hostname or worker,
+        pid=int(pid) if pid.isdigit() and int(pid) < 2**31 else 0,
+        agents=agents,
+        concurrency=concurrency,
+        now=None,
+        state=WorkerState.BUSY if known else WorkerState.IDLE,
+        kind=WorkerKind.REMOTE,
+        whole=False,
+        known=known,
+    )
+
+
+def _with_payloads(
+    worker: str, tasks: list[leasing.ClaimedTask], ends: datetime | None
+) -> list[Claimed]:
+    """The tasks with their payloads; a task whose payload's blob cannot be read fails
+    with the reason, as it does in runworker, and is not handed out."""
+    claimed, unreadable = [], []
+    for task in tasks:
+        try:
+            claimed.append(Claimed(task, blobs.payload_of(task.payload, task.payload_ref), ends))
+        except blobs.PayloadBlobError as error:
+            retryable = isinstance(error, blobs.PayloadBlobUnavailable)
+            base_delay = _base_delay(task.agent_name)
+            unreadable.append(failure(task, error, retryable=retryable, base_delay=base_delay))
+    if unreadable:
+        write_outcomes(worker, unreadable, None)
+    return claimed
+
+
+def heartbeat(
+    task_id: UUID,
+    lease_token: UUID,
+    *,
+    progress: tuple[float, str] | None,
+    lease_seconds: float | None,
+) -> leasing.HeldLease | None:
+    """Extend the lease ``lease_token`` on ``task_id`` (by ``lease_seconds``, else by its
+    worker's lease) and write the progress; None if the lease is no longer held."""
+    holder = leasing.lease_holders([(task_id, lease_token)]).get(task_id)
+    if holder is None:
+        return None
+    seconds = lease_seconds or holder.lease_seconds or settings.QUEUE_LEASE_SECONDS
+    hostname, _, _ = holder.owner.rpartition(":")
+    held = leasing.heartbeat(
+        owner=holder.owner,
+        held=[(task_id, lease_token)],
+        lease_seconds=seconds,
+        hostname=hostname or holder.owner,
+        pid=0,
+        agents=[holder.task.agent_name],
+        concurrency=1,
+        now=None,
+        state=WorkerState.BUSY,
+        progress=[progress],
+        kind=WorkerKind.REMOTE,
+        whole=False,
+    )
+    return held.get(task_id)
+
+
+def record(reports: Sequence[Reported]) -> dict[UUID, Recorded]:
+    """Write what remote workers reported, each as the holder of its lease, through the
+    outcome writer's statements; a report whose lease is no longer held is refused
+    (status None) and changes nothing. :class:`InvalidOutcome` for a result the queue
+    cannot store, before anything is written."""
+    holders = leasing.lease_holders([(r.task_id, r.lease_token) for r in reports])
+    by_owner: dict[str, list[Outcome]] = {}
+    for index, report in enumerate(reports):
+        holder = holders.get(report.task_id)
+        if holder is not None:
+            by_owner.setdefault(holder.owner, []).append(_outcome(report, holder.task, index))
+    written: dict[UUID, tuple[str, datetime | None]] = {}
+    for owner, outcomes in by_owner.items():
+        written |= write_outcomes(owner, outcomes, None)
+    return {
+        r.task_id: Recorded(*written[r.task_id]) if r.task_id in written else Recorded(None)
+        for r in reports
+    }
+
+
+def _outcome(report: Reported, task: leasing.ClaimedTask, index: int) -> Outcome:
+    base_delay = _base_delay(task.agent_name)
+    if report.error is not None:
+        error = report.error
+        return reported_failure(
+            task,
+            error["type"],
+            error["message"],
+            error.get("traceback"),
+            retryable=report.retryable,
+            base_delay=base_delay,
+        )
+    # The checks of a handler's result (task_queue.execution), refused here rather than
+    # failing the task: the worker can still report something else.
+    try:
+        result = blobs.check_size(storable_json(report.result))
+    except blobs.TooLarge as error:
+        raise InvalidOutcome(index, "result", f"too large: {error}", too_large=True) from None
+    except ValueError as error:
+        raise InvalidOutcome(index, "result", str(error), too_large=False) from None
+    summary = report.summary or default_summary(task.agent_name, task.task_type, report.result)
+    return completion(
+        task, result, diagnostic_text(summary, SUMMARY_MAX_CHARS), base_delay=base_delay
+    )
+
+
+def _base_delay(agent: str) -> float:
+    return registry.get(agent).base_delay if agent in registry.names() else 5.0

@@ -1,0 +1,233 @@
+"""Remote workers over a real daphne, as separate processes: the long poll (woken by
+an enqueue, holding no thread and no connection while it waits), the worker on
+``GET /api/v1/workers``, and crash safety with raw-HTTP agents killed with SIGKILL and
+frozen with SIGSTOP past their leases (every task completed exactly once, every late
+write refused), beside in-process workers under one concurrency limit."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+from django.db import connection
+
+from agents_app.models import AgentEvent, EmbeddingJob
+from task_queue import limits, operations
+from task_queue.models import Task, TaskHistory, Worker
+from tests.support.api import token
+from tests.support.processes import REPO
+from tests.support.server import http
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+AGENT_SCRIPT = REPO / "tests" / "support" / "remote_agent.py"
+
+
+class RemoteAgent:
+    """tests/support/remote_agent.py as a subprocess; its JSON lines in a file."""
+
+    def __init__(self, api: str, key: str, agent: str, worker: str, lease: float, log: Path):
+        self.log_path = log
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [sys.executable, str(AGENT_SCRIPT), api, key, agent, worker, str(lease)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={"PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1"},  # no Django, no database
+        )
+
+    def events(self) -> list[dict]:
+        lines = self.log_path.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.startswith("{")]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+            self.process.wait(10)
+        self._log.close()
+
+
+@pytest.fixture
+def remote_agents(tmp_path):
+    started: list[RemoteAgent] = []
+
+    def start(*args) -> RemoteAgent:
+        started.append(RemoteAgent(*args, tmp_path / f"remote-{len(started)}.log"))
+        return started[-1]
+
+    yield start
+    for agent in started:
+        agent.stop()
+        print(f"--- {agent.log_path.name}:\n{agent.log_path.read_text()[-3000:]}")
+
+
+def claim(server, key: str, **body):
+    return http(
+        "POST", f"{server.url}/api/v1/agents/EchoAgent/claim", key, {"worker": "w:1", **body}
+    )
+
+
+def test_a_long_poll_is_woken_by_an_enqueue_and_shows_its_worker(live_servers):
+    # A re-registration tick of 30 s: only the enqueue's notification can answer early.
+    server = live_servers(QUEUE_LEASE_SECONDS="90")
+    key = token("write", "remote", ("EchoAgent",))
+    answered: dict = {}
+
+    def poll() -> None:
+        began = time.monotonic()
+        answered["response"] = claim(server, key, wait_seconds=60)
+        answered["seconds"] = time.monotonic() - began
+
+    waiting = threading.Thread(target=poll)
+    waiting.start()
+    # The claim registered its worker before waiting; no task yet.
+    wait_for(lambda: Worker.objects.filter(worker_id="w:1").exists(), what="the worker's row")
+    status, workers = http("GET", f"{server.url}/api/v1/workers", token("read"))
+    [row] = [w for w in workers if w["worker_id"] == "w:1"]
+    assert (row["kind"], row["state"], row["stale"]) == ("remote", "idle", False)
+    assert waiting.is_alive()
+    task = operations.enqueue("EchoAgent", "echo", {"n": 1})
+    enqueued = time.monotonic()
+    waiting.join(60)
+    status, body = answered["response"]
+    assert status == 200 and [t["id"] for t in body["tasks"]] == [str(task.id)]
+    assert answered["seconds"] < 30  # woken, not answered by a tick or the deadline
+    print(f"answered {time.monotonic() - enqueued:.3f} s after the enqueue")
+    status, workers = http("GET", f"{server.url}/api/v1/workers", token("read"))
+    [row] = [w for w in workers if w["worker_id"] == "w:1"]
+    assert row["task_ids"] == [str(task.id)] and row["state"] == "busy"
+
+
+def test_a_long_poll_with_nothing_due_answers_empty_at_its_deadline(live_servers):
+    server = live_servers()
+    began = time.monotonic()
+    status, body = claim(server, token("write"), wait_seconds=1.5)
+    assert (status, body) == (200, {"tasks": []})
+    assert time.monotonic() - began >= 1.5
+
+
+def test_waiting_long_polls_hold_no_thread_and_no_connection(live_servers):
+    server = live_servers(WEB_DB_POOL_MAX_SIZE="4")
+    key = token("write")
+    daphne = psutil.Process(server.process.pid)
+    claim(server, key)  # the server has made its pool and its LISTEN
+    threads_before = daphne.num_threads()
+    polls = [
+        threading.Thread(
+            target=http,
+            args=("POST", f"{server.url}/api/v1/agents/EchoAgent/claim", key),
+            kwargs={"body": {"worker": f"poll:{i}", "wait_seconds": 30}},
+        )
+        for i in range(40)
+    ]
+    for poll in polls:
+        poll.start()
+    # Every poll has run its claim once (its worker's row says so) and then waits.
+    wait_for(
+        lambda: Worker.objects.filter(worker_id__startswith="poll:").count() == 40,
+        what="40 polls to claim",
+    )
+    wait_for(
+        lambda: daphne.num_threads() <= threads_before + 2,
+        timeout=10,
+        what=f"daphne's threads back to {threads_before} (+2) while 40 polls wait",
+        describe=daphne.num_threads,
+    )
+    assert all(poll.is_alive() for poll in polls)
+    # The test's own connection aside, the database serves only this server.
+    wait_for(
+        lambda: _server_connections() <= 4 + 1,
+        timeout=10,
+        what="the server's connections: its pool of 4, and the wake-ups' LISTEN",
+        describe=_server_connections,
+    )
+    operations.enqueue("EchoAgent", "echo")  # wakes them all; one gets it
+    for poll in polls:
+        poll.join(60)
+
+
+def _server_connections() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone()[0]
+
+
+def test_remote_agents_killed_and_frozen_complete_every_task_once(
+    live_servers, manage_processes, worker_processes, remote_agents
+):
+    """Four raw-HTTP agents and a runworker share EchoAgent's tasks under a concurrency
+    limit of 3. One agent is SIGKILLed and another SIGSTOPped mid-task, past its lease;
+    the reaper gives their tasks back; the frozen one, resumed, finds its completion
+    refused. Every task ends completed once: one history row, one AgentEvent, one
+    embedding job; the limit held at every moment."""
+    limits.set_limits("EchoAgent", concurrency_limit=3, actor="test", source="test")
+    server = live_servers()
+    key = token("write", "echo", ("EchoAgent",))
+    # Long tasks for the victims to hold when they are hit, then short ones.
+    tasks = [operations.enqueue("EchoAgent", "echo", {"work_seconds": 4}) for _ in range(2)]
+    lease = 6.0
+    victims = [remote_agents(server.url, key, "EchoAgent", f"victim-{i}:1", lease) for i in (0, 1)]
+    wait_for(lambda: all(_claimed(v) for v in victims), timeout=60, what="the victims' claims")
+    tasks += [operations.enqueue("EchoAgent", "echo", {"work_seconds": 0.2}) for _ in range(30)]
+    for i in (0, 1):
+        remote_agents(server.url, key, "EchoAgent", f"agent-{i}:1", lease)
+    worker_processes("EchoAgent", "--concurrency", "2").wait_ready()
+    victims[0].process.send_signal(signal.SIGKILL)
+    victims[1].process.send_signal(signal.SIGSTOP)
+    manage_processes("runmaintenance")  # the reaper
+    ids = [t.id for t in tasks]
+    wait_for(
+        lambda: Task.objects.filter(id__in=ids, status="completed").count() == len(ids),
+        timeout=180,
+        what="every task completed",
+    )
+    victims[1].process.send_signal(signal.SIGCONT)
+    wait_for(lambda: _refused(victims[1]), timeout=30, what="the frozen agent's late write")
+    assert [e["code"] for e in _refused(victims[1])] == ["lease_lost"]
+    completed = Counter(
+        TaskHistory.objects.filter(task_id__in=ids, event="completed").values_list(
+            "task_id", flat=True
+        )
+    )
+    assert completed == Counter(ids)
+    assert Counter(
+        AgentEvent.objects.filter(task_id__in=ids).values_list("task_id", flat=True)
+    ) == (Counter(ids))
+    assert EmbeddingJob.objects.filter(agent_event__task_id__in=ids).count() == len(ids)
+    assert _most_held_at_once(ids) <= 3
+
+
+def _claimed(agent: RemoteAgent) -> bool:
+    return any(e["event"] == "claimed" for e in agent.events())
+
+
+def _refused(agent: RemoteAgent) -> list[dict]:
+    return [e for e in agent.events() if e["event"] == "refused"]
+
+
+def _most_held_at_once(ids) -> int:
+    """The most attempts whose leases overlapped, from the history (each attempt holds
+    its lease from its claim, ``started_at``, to its outcome, ``occurred_at``)."""
+    moments = []
+    for started, ended in TaskHistory.objects.filter(task_id__in=ids).values_list(
+        "started_at", "occurred_at"
+    ):
+        moments += [(started, 1), (ended, -1)]
+    held = most = 0
+    for _, change in sorted(moments, key=lambda m: (m[0], m[1])):
+        held += change
+        most = max(most, held)
+    return most
