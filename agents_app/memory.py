@@ -124,13 +124,21 @@ def run_embedder(
 
 
 def similar_events(
-    text: str, *, agent: str | None = None, k: int = 5, exclude_task: UUID | None = None
+    text: str,
+    *,
+    agent: str | None = None,
+    k: int = 5,
+    exclude_task: UUID | None = None,
+    among: Sequence[str] | None = None,
 ) -> QuerySet[AgentEvent]:
     """The ``k`` embedded agent events nearest to ``text`` (cosine distance, through the
-    HNSW index), optionally of one agent, each with ``distance``."""
+    HNSW index), optionally of one agent, and only of the agents ``among`` names if
+    given (a token bound to them), each with ``distance``."""
     events = AgentEvent.objects.exclude(embedding=None)
     if agent:
         events = events.filter(agent_name=agent)
+    if among is not None:
+        events = events.filter(agent_name__in=list(among))
     if exclude_task:
         events = events.exclude(task_id=exclude_task)
     return events.annotate(distance=CosineDistance("embedding", embed(text))).order_by("distance")[

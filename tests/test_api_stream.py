@@ -205,9 +205,9 @@ def test_a_server_listens_only_while_a_stream_is_open(live_servers):
         )
 
 
-def test_a_token_bound_to_agents_sees_only_their_messages(live_servers):
-    """As the messaging routes: a token bound to agents reads only their messages;
-    task events are not bound."""
+def test_a_token_bound_to_agents_sees_only_their_envelopes(live_servers):
+    """As the routes: a token bound to agents gets only their messages and their
+    tasks' events, never another agent's."""
     server = live_servers()
     writer = token("write", name="sender")
     start = event_stream.head()
@@ -215,12 +215,14 @@ def test_a_token_bound_to_agents_sees_only_their_messages(live_servers):
         message = {"from_agent": sender, "to_agent": "FitmentAgent", "message_type": "notification"}
         status, body = http("POST", server.url + "/api/v1/messages", writer, message)
         assert status == 201, body
-    (task_id,) = create(server, writer, [echo()])
+    create(server, writer, [echo()])  # an EchoAgent task: not for this token
+    pricing = {"agent_name": "PricingAgent", "task_type": "price_parts", "payload": {}}
+    (task_id,) = create(server, writer, [pricing])
     bound = token("read", name="pricing", agents=("PricingAgent",))
     with open_stream(server, bound, f"after={start}") as socket:
         first, second = (json.loads(m) for m in receive(socket, 2))
     assert first["payload"]["from_agent"] == "PricingAgent"
-    assert second["payload"]["task_id"] == task_id
+    assert (second["kind"], second["payload"]["task_id"]) == ("evt.task.created.v1", task_id)
 
 
 def test_a_filter_parses_an_events_payload_only_when_it_looks_into_it():

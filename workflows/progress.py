@@ -7,7 +7,7 @@ revived; cancelled by an operator. Derived on read, so it is never stale.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -30,15 +30,16 @@ class Progress:
         return sum(self.counts.values())
 
 
-def progress_of(workflow_ids: Iterable[UUID]) -> dict[UUID, Progress]:
-    """Task counts by status (every status present, zeros included) per workflow."""
+def progress_of(
+    workflow_ids: Iterable[UUID], agents: Sequence[str] | None = None
+) -> dict[UUID, Progress]:
+    """Task counts by status (every status present, zeros included) per workflow; only
+    of the tasks of ``agents`` when given (what a token bound to them may see)."""
     counts = {wid: dict.fromkeys(TaskStatus.values, 0) for wid in workflow_ids}
-    rows = (
-        Task.objects.filter(workflow_id__in=list(counts))
-        .order_by()
-        .values_list("workflow_id", "status")
-        .annotate(n=Count("id"))
-    )
+    tasks = Task.objects.filter(workflow_id__in=list(counts))
+    if agents is not None:
+        tasks = tasks.filter(agent_name__in=list(agents))
+    rows = tasks.order_by().values_list("workflow_id", "status").annotate(n=Count("id"))
     for workflow_id, status, n in rows:
         counts[workflow_id][status] = n
     return {wid: Progress(c) for wid, c in counts.items()}

@@ -87,7 +87,9 @@ class StreamFilter:
         agents = {event.payload.get(f) for f in AGENT_FIELDS}
         if self.agent is not None and self.agent not in agents:
             return False
-        return not (self.token_agents and task_id is None and not self.token_agents & agents)
+        # A bound token's stream carries its agents' envelopes only (task, message and
+        # publication events all name their agents).
+        return not (self.token_agents and not self.token_agents & agents)
 
 
 def task_of(event: Envelope) -> str | None:

@@ -12,6 +12,7 @@ from pydantic import Field
 from agents_app.memory import similar_events, task_text
 from task_queue.models import Task
 
+from ..agents import own, token_agents
 from ..auth import READ
 from ..errors import ERROR_RESPONSES, ApiError
 from ..schemas import SimilarEventOut, Text
@@ -30,7 +31,7 @@ def similar(
 ):
     """The embedded agent events nearest to ``text`` (cosine distance), nearest first,
     optionally of one agent."""
-    return list(similar_events(text, agent=agent, k=k))
+    return list(similar_events(text, agent=agent, k=k, among=token_agents(request)))
 
 
 @router.get(
@@ -39,7 +40,7 @@ def similar(
 def similar_to_task(request: HttpRequest, task_id: UUID, k: K = 5):
     """Past events of the task's agent nearest to what the task is about (its event's
     text once completed, else its type, payload and error); its own are left out."""
-    task = Task.objects.filter(id=task_id).first()
+    task = own(request, Task.objects.filter(id=task_id), "agent_name").first()
     if task is None:
         raise ApiError.not_found("task")
     return list(similar_events(task_text(task), agent=task.agent_name, k=k, exclude_task=task.id))

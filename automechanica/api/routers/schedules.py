@@ -9,6 +9,7 @@ from ninja import Router, Status
 from task_queue import schedules
 from task_queue.models import Schedule
 
+from ..agents import own, require_agent
 from ..auth import READ, WRITE
 from ..errors import ERROR_RESPONSES, ApiError
 from ..schedule_schemas import ScheduleCreate, ScheduleOut, ScheduleRunNowOut, ScheduleUpdate
@@ -26,6 +27,12 @@ def _out(schedule: Schedule) -> Schedule:
     return schedule
 
 
+def _own(request: HttpRequest, schedule_id: int) -> None:
+    """A bound token changes and runs only its agents' schedules (others are 404)."""
+    if not own(request, Schedule.objects.filter(id=schedule_id), "agent_name").exists():
+        raise ApiError.not_found("schedule")
+
+
 def _declared(error: schedules.DeclaredInCode) -> ApiError:
     return ApiError(
         409,
@@ -38,6 +45,7 @@ def _declared(error: schedules.DeclaredInCode) -> ApiError:
 def create_schedule(request: HttpRequest, body: ScheduleCreate):
     """A new schedule; its first slot is the next one from now. Give ``cron`` (read in
     ``timezone``) or ``interval_seconds``, not both."""
+    require_agent(request, "agent_name", body.agent_name)
     schedule = schedules.create(body.model_dump(), actor=request.auth.actor, source="api")
     return Status(201, _out(schedule))
 
@@ -45,7 +53,7 @@ def create_schedule(request: HttpRequest, body: ScheduleCreate):
 @router.get("/schedules", auth=READ, response={200: list[ScheduleOut], **ERROR_RESPONSES})
 def list_schedules(request: HttpRequest):
     """Every schedule by name, with its next and last run and its recent runs."""
-    return [_out(s) for s in Schedule.objects.prefetch_related("runs")]
+    return [_out(s) for s in own(request, Schedule.objects.prefetch_related("runs"), "agent_name")]
 
 
 @router.patch(
@@ -65,6 +73,9 @@ def update_schedule(request: HttpRequest, schedule_id: int, body: ScheduleUpdate
             field_errors=[(name, "must not be null") for name in nulls]
             or [("body", "give at least one field")],
         )
+    _own(request, schedule_id)
+    if "agent_name" in changes:
+        require_agent(request, "agent_name", changes["agent_name"])
     try:
         schedule = schedules.update(schedule_id, changes, actor=request.auth.actor, source="api")
     except schedules.ScheduleNotFound:
@@ -81,6 +92,7 @@ def update_schedule(request: HttpRequest, schedule_id: int, body: ScheduleUpdate
 )
 def run_schedule(request: HttpRequest, schedule_id: int):
     """Enqueue the schedule's task now (paused or not); its slots go on as before."""
+    _own(request, schedule_id)
     try:
         task_id = schedules.run_now(schedule_id, actor=request.auth.actor, source="api")
     except schedules.ScheduleNotFound:
@@ -91,6 +103,7 @@ def run_schedule(request: HttpRequest, schedule_id: int):
 @router.delete("/schedules/{schedule_id}", auth=WRITE, response={204: None, **ERROR_RESPONSES})
 def delete_schedule(request: HttpRequest, schedule_id: int):
     """Remove a schedule (its tasks stay). One declared in settings is removed there."""
+    _own(request, schedule_id)
     try:
         schedules.delete(schedule_id, actor=request.auth.actor, source="api")
     except schedules.ScheduleNotFound:

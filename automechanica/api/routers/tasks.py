@@ -19,6 +19,7 @@ from task_queue.models import (
     dead_letter_tasks,
 )
 
+from ..agents import own, require_agent
 from ..auth import ADMIN, READ, WRITE
 from ..errors import ERROR_RESPONSES, ApiError
 from ..listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, filter_tasks, lean, page, shown
@@ -54,11 +55,20 @@ Limit = Annotated[int, Field(ge=1, le=MAX_PAGE_SIZE)]
 LARGE_IN_LISTS = {"payload": {}, "result": None}
 
 
-def _task(task_id: UUID) -> Task:
-    task = Task.objects.filter(id=task_id).first()
+def _task(request: HttpRequest, task_id: UUID) -> Task:
+    """The task, if the token may see it (a bound token sees only its agents')."""
+    task = own(request, Task.objects.filter(id=task_id), "agent_name").first()
     if task is None:
         raise ApiError.not_found("task")
     return task
+
+
+def _own_agents(request: HttpRequest, body: TaskCreateBody) -> None:
+    """A bound token enqueues only for its agents (403 naming the task's field)."""
+    tasks = body if isinstance(body, list) else [body]
+    for index, task in enumerate(tasks):
+        field = f"[{index}].agent_name" if isinstance(body, list) else "agent_name"
+        require_agent(request, field, task.agent_name)
 
 
 @router.post(
@@ -90,10 +100,11 @@ def create_tasks(
 
     With a W3C ``traceparent`` header, tasks that name no ``trace_id`` take its
     trace, and their spans (with OpenTelemetry on) are its children."""
+    _own_agents(request, body)
     with tracing.incoming(request.headers.get("traceparent")):
         if _prefers_minimal(prefer):
             return _create_tasks_minimal(body)
-        return _create_tasks(body)
+        return _create_tasks(request, body)
 
 
 # One preference of a Prefer header: up to a comma that is not inside a quoted string.
@@ -136,7 +147,7 @@ def _create_tasks_minimal(body: TaskCreateBody) -> HttpResponse:
     return response
 
 
-def _create_tasks(body: TaskCreateBody) -> HttpResponse | Status:
+def _create_tasks(request: HttpRequest, body: TaskCreateBody) -> HttpResponse | Status:
     if isinstance(body, list):
         # TaskBatchOut, written by PostgreSQL: up to 1,000 tasks through ORM objects
         # and the response schema cost several times the enqueue itself.
@@ -146,7 +157,7 @@ def _create_tasks(body: TaskCreateBody) -> HttpResponse | Status:
         created = sum(r.created for r in results)
         return _answer(f'{{"items": {items}, "created": {created}}}', created)
     [result] = _enqueue(body)
-    return Status(201 if result.created else 200, _task(result.id))
+    return Status(201 if result.created else 200, _task(request, result.id))
 
 
 @router.get("/tasks", auth=READ, response={200: TaskPage, **ERROR_RESPONSES})
@@ -158,7 +169,9 @@ def list_tasks(
 ):
     """Newest first. Follow ``next_cursor`` for the next page. A large payload or
     result is left out (named in ``omitted``): ``GET /tasks/{id}`` has it."""
-    tasks = lean(filter_tasks(Task.objects.all(), filters), LARGE_IN_LISTS)
+    tasks = lean(
+        filter_tasks(own(request, Task.objects.all(), "agent_name"), filters), LARGE_IN_LISTS
+    )
     items, next_cursor = page(tasks, cursor=cursor, limit=limit)
     return {"items": shown(items, LARGE_IN_LISTS), "next_cursor": next_cursor}
 
@@ -172,7 +185,8 @@ def dead_letter(
 ):
     """Dead (attempts exhausted) and failed (non-retryable) tasks, newest first."""
     # Filtered and paged in the dead letter's compact table; the page's tasks by key.
-    entries = filter_tasks(DeadLetterEntry.objects.all(), filters, dead_letter_payload_contains)
+    entries = own(request, DeadLetterEntry.objects.all(), "agent_name")
+    entries = filter_tasks(entries, filters, dead_letter_payload_contains)
     items, next_cursor = page(
         entries,
         cursor=cursor,
@@ -194,9 +208,14 @@ def revive_many(request: HttpRequest, body: BulkReviveRequest):
             field_errors=[("ids", "give ids or filters, not both")],
         )
     if body.ids is not None:
-        ids = body.ids
+        ids = list(
+            own(request, Task.objects.filter(id__in=body.ids), "agent_name").values_list(
+                "id", flat=True
+            )
+        )
     else:
-        entries = DeadLetterEntry.objects.all()  # the dead letter's compact table
+        # The dead letter's compact table.
+        entries = own(request, DeadLetterEntry.objects.all(), "agent_name")
         matching = filter_tasks(entries, body.filters, dead_letter_payload_contains)
         ids = list(matching.values_list("id", flat=True))
     revived = operations.revive(
@@ -214,7 +233,7 @@ def revive_many(request: HttpRequest, body: BulkReviveRequest):
 def get_task(request: HttpRequest, task_id: UUID):
     """The task with its history: every attempt, its error and traceback, its worker,
     and every operator action. A payload or result stored as a blob is read back."""
-    task = _task(task_id)
+    task = _task(request, task_id)
     try:
         task.payload = blobs.payload_of(task.payload, task.payload_ref)
     except blobs.PayloadBlobError as error:
@@ -238,21 +257,23 @@ def update_task(request: HttpRequest, task_id: UUID, body: TaskUpdate):
             field_errors=[(name, "must not be null") for name, v in changes.items() if v is None]
             or [("body", "give at least one of priority, payload, available_at")],
         )
+    _task(request, task_id)
     try:
         operations.update_pending(task_id, actor=request.auth.actor, source="api", **changes)
     except operations.TaskNotFound:
         raise ApiError.not_found("task") from None
     except operations.TaskNotPending as error:
         raise ApiError.wrong_status("task", error.status, "change it: only pending tasks") from None
-    return _task(task_id)
+    return _task(request, task_id)
 
 
 @router.post("/tasks/{task_id}/cancel", auth=WRITE, response={200: CancelOut, **ERROR_RESPONSES})
 def cancel_task(request: HttpRequest, task_id: UUID):
     """A pending or leased task is cancelled at once; a running one is asked to stop
     and its worker cancels it at its next heartbeat."""
+    _task(request, task_id)
     outcome = operations.cancel([task_id], actor=request.auth.actor, source="api").get(task_id)
-    task = _task(task_id)
+    task = _task(request, task_id)
     if outcome is None:
         state = "cancel requested" if task.cancel_awaited else task.status
         raise ApiError.wrong_status("task", state, "cancel it")
@@ -264,8 +285,9 @@ def revive_task(request: HttpRequest, task_id: UUID, body: ReviveRequest | None 
     """A dead or failed task back to pending with fresh attempts, optionally with an
     edited payload."""
     payload = body.payload if body is not None else None
+    _task(request, task_id)
     revived = operations.revive([task_id], actor=request.auth.actor, payload=payload, source="api")
-    task = _task(task_id)
+    task = _task(request, task_id)
     if not revived:
         raise ApiError.wrong_status("task", task.status, "revive it: only dead or failed tasks")
     return task

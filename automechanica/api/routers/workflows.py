@@ -6,6 +6,7 @@ from typing import Annotated, Any
 from uuid import UUID
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Router, Status
@@ -16,6 +17,7 @@ from task_queue.models import Task, TaskStatus, Workflow
 from task_queue.storable import storable_json
 from workflows.progress import progress_of, status_of, with_status
 
+from ..agents import require_agent, token_agents
 from ..auth import READ, WRITE
 from ..errors import ERROR_RESPONSES, ApiError
 from ..listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, lean, page, shown
@@ -37,8 +39,8 @@ Limit = Annotated[int, Field(ge=1, le=MAX_PAGE_SIZE)]
 LARGE_IN_LISTS = {"metadata": {}}  # see listing.lean
 
 
-def _out(workflows: list[Workflow]) -> list[dict[str, Any]]:
-    progress = progress_of(w.id for w in workflows)
+def _out(request: HttpRequest, workflows: list[Workflow]) -> list[dict[str, Any]]:
+    progress = progress_of((w.id for w in workflows), token_agents(request))
     return [
         {
             "id": w.id,
@@ -60,11 +62,33 @@ def _out(workflows: list[Workflow]) -> list[dict[str, Any]]:
     ]
 
 
-def _workflow(workflow_id: UUID, *, for_update: bool = False) -> Workflow:
+def _visible(request: HttpRequest, workflows: QuerySet[Workflow]) -> QuerySet[Workflow]:
+    """A bound token sees the workflows with a task of its agents."""
+    agents = token_agents(request)
+    if agents is None:
+        return workflows
+    return workflows.filter(
+        Exists(Task.objects.filter(workflow_id=OuterRef("pk"), agent_name__in=agents))
+    )
+
+
+def _workflow(request: HttpRequest, workflow_id: UUID, *, for_update: bool = False) -> Workflow:
     workflows = Workflow.objects.select_for_update() if for_update else Workflow.objects
-    workflow = workflows.filter(id=workflow_id).first()
+    workflow = _visible(request, workflows.filter(id=workflow_id)).first()
     if workflow is None:
         raise ApiError.not_found("workflow")
+    return workflow
+
+
+def _changeable(request: HttpRequest, workflow_id: UUID) -> Workflow:
+    """The workflow locked, if the token may change it: a bound token only one whose
+    every task is of its agents (a cancel cancels them all)."""
+    workflow = _workflow(request, workflow_id, for_update=True)
+    agents = token_agents(request)
+    others = Task.objects.filter(workflow_id=workflow_id).exclude(agent_name__in=agents or [])
+    if agents is not None and others.exists():
+        require_agent(request, "workflow_id", others.values_list("agent_name", flat=True)[0],
+                      "has tasks of an agent this token is not")  # fmt: skip
     return workflow
 
 
@@ -116,6 +140,8 @@ def create_workflow(request: HttpRequest, body: WorkflowCreate):
             open=body.open,
             trace_id=body.trace_id or (parent.trace_id if parent else None),
         )
+        for index, task in enumerate(body.tasks):
+            require_agent(request, f"tasks[{index}].agent_name", task.agent_name)
         specs = [
             # A task without a trace of its own joins the workflow's (enqueue_many).
             task.spec(workflow_id=workflow.id)
@@ -123,7 +149,7 @@ def create_workflow(request: HttpRequest, body: WorkflowCreate):
         ]
         results = operations.enqueue_many(specs, prefix="tasks")
     workflow.refresh_from_db()
-    return Status(201, {**_out([workflow])[0], "task_ids": [r.id for r in results]})
+    return Status(201, {**_out(request, [workflow])[0], "task_ids": [r.id for r in results]})
 
 
 @router.get("/workflows", auth=READ, response={200: WorkflowPage, **ERROR_RESPONSES})
@@ -136,24 +162,24 @@ def list_workflows(
 ):
     """Newest first, with each workflow's status and task counts. Large metadata is
     left out (named in ``omitted``): ``GET /workflows/{id}`` has it."""
-    workflows = lean(Workflow.objects.all(), LARGE_IN_LISTS)
+    workflows = lean(_visible(request, Workflow.objects.all()), LARGE_IN_LISTS)
     if status is not None:
         workflows = with_status(workflows, status)
     if open is not None:
         workflows = workflows.filter(open=open)
     items, next_cursor = page(workflows, cursor=cursor, limit=limit)
-    return {"items": _out(shown(items, LARGE_IN_LISTS)), "next_cursor": next_cursor}
+    return {"items": _out(request, shown(items, LARGE_IN_LISTS)), "next_cursor": next_cursor}
 
 
 @router.get("/workflows/{workflow_id}", auth=READ, response={200: WorkflowOut, **ERROR_RESPONSES})
 def get_workflow(request: HttpRequest, workflow_id: UUID):
     """The workflow, with its metadata read back from its blob if it has one."""
-    workflow = _workflow(workflow_id)
+    workflow = _workflow(request, workflow_id)
     try:
         workflow.metadata = blobs.payload_of(workflow.metadata, workflow.metadata_ref)
     except blobs.PayloadBlobError as error:
         workflow.metadata_error = str(error)
-    return _out([workflow])[0]
+    return _out(request, [workflow])[0]
 
 
 @router.patch(
@@ -165,7 +191,7 @@ def update_workflow(request: HttpRequest, workflow_id: UUID, body: WorkflowUpdat
     changes = {k: v for k, v in body.model_dump(exclude_unset=True).items() if v is not None}
     text = _metadata_json(changes["metadata"]) if "metadata" in changes else None
     with transaction.atomic():
-        workflow = _workflow(workflow_id, for_update=True)
+        workflow = _changeable(request, workflow_id)
         if workflow.cancelled_at is not None:
             raise ApiError.wrong_status("workflow", "cancelled", "change it")
         if text is not None:
@@ -175,7 +201,7 @@ def update_workflow(request: HttpRequest, workflow_id: UUID, body: WorkflowUpdat
         if changes:
             workflow.updated_at = timezone.now()
             workflow.save(update_fields=[*changes, "updated_at"])
-    return _out([workflow])[0]
+    return _out(request, [workflow])[0]
 
 
 @router.post(
@@ -187,7 +213,7 @@ def cancel_workflow(request: HttpRequest, workflow_id: UUID):
     """Cancel its tasks that have not started (pending or leased); running ones finish.
     No task can be added to it afterwards."""
     with transaction.atomic():
-        workflow = _workflow(workflow_id, for_update=True)
+        workflow = _changeable(request, workflow_id)
         if workflow.cancelled_at is not None:
             raise ApiError.wrong_status("workflow", "cancelled", "cancel it again")
         workflow.cancelled_at = workflow.updated_at = timezone.now()
@@ -197,4 +223,4 @@ def cancel_workflow(request: HttpRequest, workflow_id: UUID):
             workflow_id=workflow_id, status__in=[TaskStatus.PENDING, TaskStatus.LEASED]
         ).values_list("id", flat=True)
         cancelled = operations.cancel(list(waiting), actor=request.auth.actor, source="api")
-    return {"cancelled_tasks": len(cancelled), "workflow": _out([workflow])[0]}
+    return {"cancelled_tasks": len(cancelled), "workflow": _out(request, [workflow])[0]}
