@@ -232,6 +232,14 @@ STORAGES = {
 API_MAX_REQUEST_BYTES = int(os.environ.get("API_MAX_REQUEST_BYTES", 32 * 1024 * 1024))
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_REQUEST_BYTES
 
+# The longest a worker protocol claim waits for a task (its wait_seconds is cut to it):
+# keep it under the read timeout of a proxy in front (nginx: 60 s); 0: claims never wait.
+API_CLAIM_MAX_WAIT_SECONDS = env_int(os.environ, "API_CLAIM_MAX_WAIT_SECONDS", 60)
+if API_CLAIM_MAX_WAIT_SECONDS < 0:
+    raise SettingsRefused(
+        f"API_CLAIM_MAX_WAIT_SECONDS must be 0 or more, not {API_CLAIM_MAX_WAIT_SECONDS}"
+    )
+
 # The API's GET routes and the dashboard's pages read under this statement timeout
 # (automechanica.read_timeout): 503 past it; 0 turns it off.
 READ_STATEMENT_TIMEOUT_SECONDS = float(os.environ.get("READ_STATEMENT_TIMEOUT_SECONDS", 5))

@@ -53,9 +53,11 @@ class LongPoll:
         self.waiting = False
 
     def wait(self, wait_seconds: float, due_in: float | None) -> None:
-        """Nothing was claimed: wait, until ``wait_seconds`` after the request came in,
-        for a task of the agent (``due_in``: seconds until the next one falls due)."""
+        """Nothing was claimed: wait, until ``wait_seconds`` after the request came in
+        (at most ``API_CLAIM_MAX_WAIT_SECONDS``), for a task of the agent (``due_in``:
+        seconds until the next one falls due)."""
         if self.deadline is None:
+            wait_seconds = min(wait_seconds, settings.API_CLAIM_MAX_WAIT_SECONDS)
             self.deadline = self.started + wait_seconds
         self.due_in = due_in
         self.waiting = time.monotonic() < self.deadline
