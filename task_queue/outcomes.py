@@ -19,6 +19,7 @@ from uuid import UUID
 
 from django.db import DatabaseError, connection, transaction
 
+from task_queue.sql import enqueue as enqueue_sql
 from task_queue.sql import outcomes as outcomes_sql
 
 from . import blobs
@@ -187,6 +188,16 @@ def write_outcomes(
         )
         recorded |= dict.fromkeys(confirmed, ("cancelled", None))
     return recorded
+
+
+def release(owner: str, held: list[tuple[UUID, UUID]], now: datetime | None) -> dict[UUID, str]:
+    """Give ``owner``'s unfinished tasks back (pending and due now, no attempt counted;
+    ``cancelled`` where a cancel was requested) and wake their agents' workers, in one
+    transaction; {task id: new status} of those whose lease still held."""
+    with transaction.atomic():
+        released = outcomes_sql.release_tasks(owner=owner, held=held, now=now)
+        enqueue_sql.notify_agents([agent for _, agent, status in released if status == "pending"])
+    return {task_id: status for task_id, _, status in released}
 
 
 def log_outcome(outcome: Outcome) -> None:

@@ -37,7 +37,7 @@ from .agent import default_summary
 from .claim_position import ClaimPosition
 from .execution import SUMMARY_MAX_CHARS, Outcome, completion, failure, reported_failure
 from .models import WorkerKind, WorkerState
-from .outcomes import write_outcomes
+from .outcomes import release, write_outcomes
 from .storable import diagnostic_text, storable_json
 
 # Remote workers whose claim positions a server process keeps (the least recently
@@ -76,8 +76,9 @@ class Claimed:
 
 @dataclass(frozen=True)
 class Reported:
-    """What a remote worker reports of one task: a completion (``result``) or a failure
-    (``error``: type, message, traceback)."""
+    """What a remote worker reports of one task: a completion (``result``), a failure
+    (``error``: type, message, traceback), or that it gives the task back unfinished
+    (``released``: a worker stopping, as runworker's shutdown does)."""
 
     task_id: UUID
     lease_token: UUID
@@ -85,6 +86,7 @@ class Reported:
     summary: str | None = None
     error: dict[str, Any] | None = None
     retryable: bool = True
+    released: bool = False
 
 
 @dataclass(frozen=True)
@@ -253,13 +255,22 @@ def record(reports: Sequence[Reported]) -> dict[UUID, Recorded]:
     cannot store, before anything is written."""
     holders = leasing.lease_holders([(r.task_id, r.lease_token) for r in reports])
     by_owner: dict[str, list[Outcome]] = {}
+    releases: dict[str, list[tuple[UUID, UUID]]] = {}
     for index, report in enumerate(reports):
         holder = holders.get(report.task_id)
-        if holder is not None:
+        if holder is None:
+            continue
+        if report.released:
+            releases.setdefault(holder.owner, []).append((report.task_id, report.lease_token))
+        else:
             by_owner.setdefault(holder.owner, []).append(_outcome(report, holder.task, index))
     written: dict[UUID, tuple[str, datetime | None]] = {}
     for owner, outcomes in by_owner.items():
         written |= write_outcomes(owner, outcomes, None)
+    for owner, held in releases.items():
+        written |= {
+            task_id: (status, None) for task_id, status in release(owner, held, None).items()
+        }
     return {
         r.task_id: Recorded(*written[r.task_id]) if r.task_id in written else Recorded(None)
         for r in reports

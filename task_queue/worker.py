@@ -30,18 +30,16 @@ from datetime import UTC, datetime
 from uuid import UUID
 
 import psutil
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection
 
-from task_queue.sql import enqueue as enqueue_sql
 from task_queue.sql import leasing
-from task_queue.sql import outcomes as outcomes_sql
 
 from . import leases, reaper, registry, task_logging, tracing
 from .claim_position import ClaimPosition
 from .execution import InFlight, StopReason, deadline_for, run_handler, timed_out
 from .models import WorkerState
 from .notifications import Listener
-from .outcomes import OutcomeWriter, log_outcome
+from .outcomes import OutcomeWriter, log_outcome, release
 from .retry import CONNECTION_ERRORS, Backoff
 
 logger = logging.getLogger(__name__)
@@ -381,15 +379,12 @@ class Worker:
 
     def _release(self, flights: list[InFlight]) -> None:
         try:
-            with transaction.atomic():
-                released = outcomes_sql.release_tasks(
-                    owner=self.id, held=[f.held for f in flights], now=self.now()
-                )
-                enqueue_sql.notify_agents([agent for _, agent in released])
+            released = release(self.id, [f.held for f in flights], self.now())
+            given_back = [task_id for task_id, status in released.items() if status == "pending"]
         except DatabaseError:
             logger.exception(
                 "releasing %d leases failed; the reaper will recover them", len(flights)
             )
             return
-        self.released = len(released)
-        logger.info("released %d unfinished tasks for other workers", len(released))
+        self.released = len(given_back)
+        logger.info("released %d unfinished tasks for other workers", len(given_back))

@@ -285,3 +285,21 @@ def test_bad_outcomes_are_refused_before_anything_is_written(agent_api, settings
     assert missing.status_code == 404
     assert Task.objects.get(id=task.id).status == "running"
     assert TaskHistory.objects.filter(task_id=task.id).count() == 0
+
+
+def test_a_released_task_goes_back_pending_without_an_attempt(agent_api, api):
+    kept, cancelled = (operations.enqueue("EchoAgent", "echo") for _ in range(2))
+    claimed = {c["id"]: c["lease_token"] for c in claim(agent_api, limit=2)}
+    api.post(f"/api/v1/tasks/{cancelled.id}/cancel")  # running: a cancel is requested
+    body = {
+        "outcomes": [
+            {"task_id": str(t.id), "lease_token": claimed[str(t.id)], "status": "released"}
+            for t in (kept, cancelled)
+        ]
+    }
+    results = agent_api.post("/api/v1/outcomes", body).json()["results"]
+    assert [r["status"] for r in results] == ["pending", "cancelled"]
+    row = Task.objects.get(id=kept.id)
+    assert (row.status, row.attempts, row.lease_token) == ("pending", 0, None)
+    again = agent_api.post("/api/v1/outcomes", body).json()["results"]
+    assert [r["error"]["code"] for r in again] == ["lease_lost", "lease_lost"]

@@ -115,7 +115,9 @@ class FailRequest(Strict):
 class OutcomeIn(Strict):
     task_id: UUID
     lease_token: UUID
-    status: Literal["completed", "failed"]
+    status: Literal["completed", "failed", "released"] = Field(
+        description="released: given back unfinished (a worker stopping), no attempt counted."
+    )
     result: dict[str, Any] | None = None
     summary: str | None = None
     error: ErrorIn | None = None
@@ -125,8 +127,8 @@ class OutcomeIn(Strict):
     def _one_kind(self) -> OutcomeIn:
         if self.status == "failed" and self.error is None:
             raise ValueError("a failed outcome needs an error")
-        if self.status == "completed" and self.error is not None:
-            raise ValueError("a completed outcome has no error")
+        if self.status != "failed" and self.error is not None:
+            raise ValueError(f"a {self.status} outcome has no error")
         return self
 
 

@@ -247,13 +247,14 @@ history AS (
            from_status, to_status, attempts + 1, %(owner)s, lease_token, started_at, {NOW}
     FROM released
 )
-SELECT id, agent_name FROM released WHERE to_status = 'pending'
+SELECT id, agent_name, to_status FROM released
 """
 
 
 def release_tasks(
     *, owner: str, held: Sequence[tuple[UUID, UUID]], now: datetime | None
-) -> list[tuple[UUID, str]]:
+) -> list[tuple[UUID, str, str]]:
     """Give held tasks back as pending and due now, without counting an attempt (one
-    whose cancel was requested ends cancelled); (id, agent) of those given back."""
+    whose cancel was requested ends cancelled); (id, agent, new status) of each task
+    whose lease was still held."""
     return fetch(RELEASE_TASKS, held_params(owner, held, now))

@@ -172,8 +172,9 @@ def _one(request: HttpRequest, report: remote.Reported) -> dict[str, Any]:
 
 @router.post("/outcomes", auth=WRITE, response={200: OutcomesOut, **ERROR_RESPONSES})
 def report_outcomes(request: HttpRequest, body: OutcomesRequest):
-    """Up to 500 completions and failures in one request, each answered in order:
-    the task's new status, or ``error.code`` ``lease_lost`` (nothing written for it).
+    """Up to 500 completions, failures and releases (tasks given back unfinished, as a
+    stopping worker does) in one request, each answered in order: the task's new
+    status, or ``error.code`` ``lease_lost`` (nothing written for it).
     A task of another agent than the token's is 403 for the whole request, and an
     unstorable result 413/422, before anything is written."""
     ids = [outcome.task_id for outcome in body.outcomes]
@@ -200,6 +201,7 @@ def _reported(outcome: OutcomeIn) -> remote.Reported:
         summary=outcome.summary,
         error=outcome.error.model_dump() if outcome.error else None,
         retryable=outcome.retryable,
+        released=outcome.status == "released",
     )
 
 

@@ -1,0 +1,296 @@
+"""Runs a handler on claimed tasks, N at a time, with everything the protocol asks of
+a worker (docs/remote-agents.md).
+
+Threads:
+
+- the claimer long-polls for as many tasks as there are free slots;
+- ``concurrency`` handler threads run the handler, one task each;
+- the heartbeater extends every held lease at a third of its length, sending the
+  latest progress, and stops a task whose lease was lost or whose cancel was asked;
+- the sender reports outcomes in batches (one request for all that finished while
+  the last one was sent), retrying while the server is down.
+
+``stop()`` (SIGTERM, SIGINT in the CLI) ends the claims, gives running handlers
+``grace_seconds`` to finish, then asks the rest to stop and gives their tasks back
+(``released``: pending again, no attempt counted), and sends what is left to send.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+
+from .api import Api, ApiError, LeaseLost
+from .task import Cancelled, PermanentError, Task
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[Task], Any]
+_STOP = object()
+MESSAGE_MAX_CHARS = 4_000
+TRACEBACK_MAX_CHARS = 16_000
+
+
+class Runner:
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        agent: str,
+        handler: Handler,
+        *,
+        worker: str | None = None,
+        concurrency: int = 4,
+        lease_seconds: float = 30.0,
+        wait_seconds: float = 20.0,
+        grace_seconds: float = 10.0,
+        batch_size: int = 100,
+    ) -> None:
+        self.agent = agent
+        self.handler = handler
+        self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
+        self.concurrency = concurrency
+        self.lease_seconds = lease_seconds
+        self.wait_seconds = wait_seconds
+        self.grace_seconds = grace_seconds
+        self.batch_size = batch_size
+        # Claims have a client of their own, closed at once on stop (ending a long poll).
+        self._claims = Api(url, token, timeout=wait_seconds + 30)
+        self._api = Api(url, token)
+        self._held: dict[str, Task] = {}
+        self._settled: set[str] = set()
+        self._lock = threading.Lock()
+        self._slot_free = threading.Event()
+        self._stopping = threading.Event()
+        self._done = threading.Event()
+        self._outcomes: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="handler")
+        self.counts = {"completed": 0, "failed": 0, "released": 0, "lost": 0}
+
+    # ------------------------------------------------------------ lifecycle
+
+    def run(self) -> dict[str, int]:
+        """Work until :meth:`stop`; returns how many outcomes of each kind were sent."""
+        sender = threading.Thread(target=self._send_loop, name="sender")
+        beater = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        claimer = threading.Thread(target=self._claim_loop, name="claimer", daemon=True)
+        for thread in (sender, beater, claimer):
+            thread.start()
+        logger.info(
+            "worker %s: agent %s, concurrency %d", self.worker, self.agent, self.concurrency
+        )
+        self._stopping.wait()
+        self._shutdown(sender)
+        return dict(self.counts)
+
+    def stop(self) -> None:
+        """Stop taking tasks and shut down (safe from a signal handler's thread)."""
+        self._stopping.set()
+        self._slot_free.set()
+
+    def _shutdown(self, sender: threading.Thread) -> None:
+        self._claims.close()
+        deadline = time.monotonic() + self.grace_seconds
+        while self._held and time.monotonic() < deadline:
+            self._slot_free.wait(0.05)
+            self._slot_free.clear()
+        with self._lock:
+            left = list(self._held.values())
+        for task in left:
+            task.stop("shutdown")
+            if self._settle(task):
+                self._report(task, {"status": "released"})
+        self._outcomes.put(_STOP)
+        sender.join(60)
+        self._done.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._api.close()
+
+    # ------------------------------------------------------------ claiming
+
+    def _claim_loop(self) -> None:
+        while not self._stopping.is_set():
+            free = self.concurrency - len(self._held)
+            if free <= 0:
+                self._slot_free.wait(1.0)
+                self._slot_free.clear()
+                continue
+            try:
+                claimed = self._claims.claim(
+                    self.agent, self.worker, free, self.lease_seconds, self.wait_seconds
+                )
+            except (ApiError, httpx.HTTPError) as error:
+                if not self._stopping.is_set():
+                    logger.warning("claim failed (%s); trying again in 1 s", error)
+                    self._stopping.wait(1.0)
+                continue
+            for claim in claimed:
+                self._start(Task.from_claim(claim))
+
+    def _start(self, task: Task) -> None:
+        with self._lock:
+            self._held[task.id] = task
+        if self._stopping.is_set():  # claimed as we stopped: give it back
+            if self._settle(task):
+                self._report(task, {"status": "released"})
+            return
+        self._pool.submit(self._handle, task)
+
+    # ------------------------------------------------------------ handling
+
+    def _handle(self, task: Task) -> None:
+        try:
+            result = self.handler(task)
+        except Cancelled:
+            outcome = self._stopped(task)
+        except Exception as error:
+            outcome = self._stopped(task) if task.stop_reason else _failure(error)
+        else:
+            outcome = self._stopped(task) if task.stop_reason else _completion(result)
+        finally:
+            self._slot_free.set()
+        if outcome is not None and self._settle(task):
+            self._report(task, outcome)
+
+    def _stopped(self, task: Task) -> dict[str, Any] | None:
+        """What a task stopped from outside reports: a cancelled one a failure (the
+        server ends it cancelled), one stopped by the shutdown is given back, a lost
+        one nothing (it is not this worker's any more)."""
+        if task.stop_reason == "cancel requested":
+            error = {"type": "Cancelled", "message": "cancel requested"}
+            return {"status": "failed", "error": error, "retryable": False}
+        if task.stop_reason == "shutdown":
+            return {"status": "released"}
+        return None
+
+    def _settle(self, task: Task) -> bool:
+        """The right to report this task's outcome; only the first caller gets it."""
+        with self._lock:
+            if task.id in self._settled:
+                return False
+            self._settled.add(task.id)
+            return True
+
+    def _report(self, task: Task, outcome: dict[str, Any]) -> None:
+        self._outcomes.put({"task_id": task.id, "lease_token": task.lease_token, **outcome})
+
+    def _forget(self, task_id: str) -> None:
+        with self._lock:
+            self._held.pop(task_id, None)
+            self._settled.discard(task_id)
+        self._slot_free.set()
+
+    # ------------------------------------------------------------ heartbeats
+
+    def _heartbeat_loop(self) -> None:
+        sent: dict[str, tuple[float, str] | None] = {}
+        while not self._done.wait(self.lease_seconds / 3):
+            with self._lock:
+                held = [t for t in self._held.values() if t.id not in self._settled]
+            for task in held:
+                progress = task._progress
+                try:
+                    answer = self._api.heartbeat(
+                        task.id,
+                        task.lease_token,
+                        None if progress is sent.get(task.id) else progress,
+                    )
+                except LeaseLost:
+                    logger.warning("lost the lease on task %s; stopping it", task.id)
+                    task.stop("lease lost")
+                    if self._settle(task):
+                        self.counts["lost"] += 1
+                        self._forget(task.id)
+                    continue
+                except (ApiError, httpx.HTTPError) as error:
+                    logger.warning("heartbeat of task %s failed (%s)", task.id, error)
+                    continue
+                sent[task.id] = progress
+                if answer["cancel_requested"]:
+                    task.stop("cancel requested")
+            for task_id in set(sent) - {t.id for t in held}:
+                del sent[task_id]
+
+    # ------------------------------------------------------------ outcomes
+
+    def _send_loop(self) -> None:
+        stopping = False
+        while not stopping:
+            batch = [self._outcomes.get()]
+            while len(batch) < self.batch_size:
+                try:
+                    batch.append(self._outcomes.get_nowait())
+                except queue.Empty:
+                    break
+            if _STOP in batch:
+                stopping = True
+                batch = [o for o in batch if o is not _STOP]
+            if batch:
+                self._send(batch)
+
+    def _send(self, batch: list[dict[str, Any]]) -> None:
+        try:
+            results = self._api.outcomes(batch)
+        except ApiError as error:
+            if len(batch) > 1:  # one refused outcome must not hold up the others
+                for outcome in batch:
+                    self._send([outcome])
+                return
+            results = [self._refused(batch[0], error)]
+        except httpx.HTTPError as error:  # only once the client is closed
+            logger.error("could not send %d outcomes (%s)", len(batch), error)
+            return
+        for outcome, result in zip(batch, results, strict=True):
+            if "error" in result:
+                logger.warning(
+                    "outcome of task %s refused: %s", outcome["task_id"], result["error"]
+                )
+                self.counts["lost"] += 1
+            else:
+                self.counts[outcome["status"]] += 1
+            self._forget(outcome["task_id"])
+
+    def _refused(self, outcome: dict[str, Any], error: ApiError) -> dict[str, Any]:
+        """The server refused this outcome itself (a result too large, say): report the
+        task failed with the reason instead, once."""
+        logger.error("outcome of task %s refused: %s", outcome["task_id"], error)
+        if outcome["status"] != "completed":
+            return {"error": {"code": "refused", "message": str(error)}}
+        reason = {"type": "OutcomeRefused", "message": str(error)[:MESSAGE_MAX_CHARS]}
+        failure = {**outcome, "status": "failed", "error": reason, "retryable": False}
+        failure.pop("result", None)
+        try:
+            return self._api.outcomes([failure])[0]
+        except (ApiError, httpx.HTTPError) as again:
+            return {"error": {"code": "refused", "message": str(again)}}
+
+
+def _completion(result: Any) -> dict[str, Any]:
+    if result is None:
+        result = {}
+    elif not isinstance(result, dict):
+        result = {"result": result}
+    return {"status": "completed", "result": result}
+
+
+def _failure(error: BaseException) -> dict[str, Any]:
+    trace = "".join(traceback.format_exception(error))
+    return {
+        "status": "failed",
+        "error": {
+            "type": type(error).__name__,
+            "message": str(error)[:MESSAGE_MAX_CHARS],
+            "traceback": trace[-TRACEBACK_MAX_CHARS:],
+        },
+        "retryable": not isinstance(error, PermanentError),
+    }

@@ -1,0 +1,145 @@
+"""The standalone agent client (clients/python), installed into a venv of its own that
+has no Django and no psycopg, run as its CLI against a real daphne: it completes and
+fails tasks with progress, stops a cancelled task, waits out a server restart, and on
+SIGTERM gives its running tasks back."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agents_app.models import AgentEvent
+from task_queue import operations
+from task_queue.models import Task, TaskHistory
+from tests.support.api import token
+from tests.support.processes import REPO
+from tests.support.server import http
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+HANDLERS = """
+def echo(task):
+    task.progress(0.5, "half way")
+    if task.payload.get("fail"):
+        raise ValueError("asked to fail")
+    task.sleep(task.payload.get("work_seconds", 0))
+    return {"echo": task.payload}
+"""
+
+
+@pytest.fixture(scope="module")
+def client_venv(tmp_path_factory) -> Path:
+    """A venv with the client installed (pip install ./clients/python), and nothing of
+    the project's."""
+    venv = tmp_path_factory.mktemp("client") / "venv"
+    uv = shutil.which("uv")
+    if uv:
+        subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
+        install = [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python")]
+    else:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        install = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    subprocess.run([*install, str(REPO / "clients" / "python")], check=True, timeout=300)
+    no_django = subprocess.run([str(venv / "bin" / "python"), "-c", "import django"])
+    assert no_django.returncode != 0, "the client's venv must not have Django"
+    return venv
+
+
+class ClientProcess:
+    def __init__(self, venv: Path, workdir: Path, server_url: str, key: str, *args: str):
+        (workdir / "handlers.py").write_text(HANDLERS)
+        self.log_path = workdir / "client.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        command = [str(venv / "bin" / "automechanica-agent"), "--api", server_url, "--token", key,
+                   "--agent", "EchoAgent", "--handler", "handlers:echo", *args]  # fmt: skip
+        self.process = subprocess.Popen(
+            command, cwd=workdir, stdout=self._log, stderr=subprocess.STDOUT,
+            env={"PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self._log.close()
+
+
+@pytest.fixture
+def clients(client_venv, tmp_path):
+    started: list[ClientProcess] = []
+
+    def start(server_url: str, key: str, *args: str) -> ClientProcess:
+        workdir = tmp_path / f"client-{len(started)}"
+        workdir.mkdir()
+        started.append(ClientProcess(client_venv, workdir, server_url, key, *args))
+        return started[-1]
+
+    yield start
+    for client in started:
+        client.stop()
+        print(f"--- {client.log_path}:\n{client.log()[-4000:]}")
+
+
+def finished(ids) -> bool:
+    return not Task.objects.filter(id__in=ids, status__in=["pending", "running"]).exists()
+
+
+def test_the_client_runs_tasks_through_a_server_restart(live_servers, clients):
+    server = live_servers()
+    key = token("write", "client", ("EchoAgent",))
+    ids = [operations.enqueue("EchoAgent", "echo", {"n": n}).id for n in range(20)]
+    failing = operations.enqueue("EchoAgent", "echo", {"fail": True}, max_attempts=1).id
+    client = clients(server.url, key, "--worker", "client:1", "--concurrency", "4",
+                     "--lease-seconds", "6", "--wait-seconds", "3")  # fmt: skip
+    wait_for(lambda: finished([*ids, failing]), timeout=60, what="the first tasks done")
+    # The server goes away and comes back: the client waits it out.
+    server.restart()
+    later = [operations.enqueue("EchoAgent", "echo", {"n": n}).id for n in range(20, 30)]
+    wait_for(server.ready, timeout=60, what="daphne back")
+    wait_for(lambda: finished(later), timeout=90, what="the tasks after the restart done")
+    done = [*ids, *later]
+    assert Task.objects.filter(id__in=done, status="completed").count() == len(done)
+    assert Task.objects.get(id=ids[3]).result == {"echo": {"n": 3}}
+    actors = set(TaskHistory.objects.filter(task_id__in=done).values_list("actor", flat=True))
+    assert actors == {"client:1"}
+    assert AgentEvent.objects.filter(task_id__in=done).count() == len(done)
+    dead = Task.objects.get(id=failing)
+    assert dead.status == "dead" and dead.error_info["type"] == "ValueError"
+    assert "asked to fail" in dead.error_info["traceback"]
+    assert client.process.poll() is None
+
+
+def test_the_client_stops_a_cancelled_task_and_gives_tasks_back_on_sigterm(live_servers, clients):
+    server = live_servers()
+    key = token("write", "client", ("EchoAgent",))
+    slow = [operations.enqueue("EchoAgent", "echo", {"work_seconds": 120}).id for _ in range(3)]
+    client = clients(server.url, key, "--worker", "client:2", "--concurrency", "3",
+                     "--lease-seconds", "6", "--grace-seconds", "1")  # fmt: skip
+    wait_for(
+        lambda: Task.objects.filter(id__in=slow, status="running", progress=0.5).count() == 3,
+        timeout=60,
+        what="three tasks running, their progress written by a heartbeat",
+    )
+    status, _ = http("POST", f"{server.url}/api/v1/tasks/{slow[0]}/cancel", token("write"))
+    assert status == 200
+    wait_for(
+        lambda: Task.objects.get(id=slow[0]).status == "cancelled",
+        timeout=30,
+        what="the cancelled task stopped at its next heartbeat",
+    )
+    client.process.send_signal(signal.SIGTERM)
+    assert client.process.wait(30) == 0, client.log()
+    rows = Task.objects.filter(id__in=slow[1:])
+    assert {(t.status, t.attempts, t.lease_token) for t in rows} == {("pending", 0, None)}
+    assert set(
+        TaskHistory.objects.filter(task_id__in=slow[1:]).values_list("event", flat=True)
+    ) == {"released"}
