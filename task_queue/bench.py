@@ -12,6 +12,11 @@ database, with all bookkeeping on (history, AgentEvent, embedding job):
    last step before the handler runs. ``done_latency_ms`` is enqueue commit → the
    completion statement: for EchoAgent, which does nothing, an upper bound on the
    time to handler start. The true pickup latency lies between the two.
+
+With ``remote``, the same run is made again with remote agents instead of runworker
+processes (the HTTP API's worker protocol, through a real daphne): the HTTP API
+registers how to start them (``register_remote_workers``), since the queue cannot
+import the layers above it. The report then has both, and their ratio.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -59,16 +66,57 @@ class BenchConfig:
     latency_samples: int = 200
     latency_rate: float = 50.0  # tasks per second during the latency phase
     timeout: float = 600.0
+    remote: bool = False  # also drain with remote agents, and compare
+
+
+# Starts the benchmark's workers: (config, log folder) -> a context manager giving their
+# processes (each registers in `workers` under its own pid) and stopping them after.
+WorkerStarter = Callable[[BenchConfig, Path], AbstractContextManager[list[subprocess.Popen]]]
+_remote_workers: WorkerStarter | None = None
+
+
+def register_remote_workers(starter: WorkerStarter) -> None:
+    """How ``--remote`` starts remote agents (the HTTP API registers it)."""
+    global _remote_workers
+    _remote_workers = starter
 
 
 def run(config: BenchConfig) -> dict[str, Any]:
-    bench_sql.vacuum_database()
-    workflow = Workflow.objects.create(name=f"queue_bench {datetime.now(UTC).isoformat()}")
-    log_dir = Path(tempfile.mkdtemp(prefix="queue_bench-"))
+    report = _run(config, _local_workers)
+    if not config.remote:
+        return report
+    if _remote_workers is None:
+        raise RuntimeError("--remote needs the HTTP API's app (automechanica.api) installed")
+    remote = _run(config, _remote_workers)
+    ratio = remote["drain_tasks_per_s"] / report["drain_tasks_per_s"]
+    return {"in_process": report, "remote": remote, "remote_to_in_process": round(ratio, 3)}
+
+
+@contextmanager
+def _local_workers(config: BenchConfig, log_dir: Path) -> Iterator[list[subprocess.Popen]]:
     workers = [
         _start_worker(config.concurrency, log_dir / f"worker-{i}.log")
         for i in range(config.workers)
     ]
+    try:
+        yield workers
+    finally:
+        stop_processes(workers)
+
+
+def _run(config: BenchConfig, start_workers: WorkerStarter) -> dict[str, Any]:
+    bench_sql.vacuum_database()
+    workflow = Workflow.objects.create(name=f"queue_bench {datetime.now(UTC).isoformat()}")
+    log_dir = Path(tempfile.mkdtemp(prefix="queue_bench-"))
+    with start_workers(config, log_dir) as workers:
+        report = _measure(workflow, workers, config, log_dir)
+    shutil.rmtree(log_dir)  # kept when the benchmark failed, for its workers' logs
+    return report
+
+
+def _measure(
+    workflow: Workflow, workers: list[subprocess.Popen], config: BenchConfig, log_dir: Path
+) -> dict[str, Any]:
     try:
         _wait_registered(workers, config.timeout, log_dir)
         enqueue_rate, drain_rate, cost = _throughput(workflow.id, config, CostMeter(workers))
@@ -97,10 +145,8 @@ def run(config: BenchConfig) -> dict[str, Any]:
             "machine": machine_facts(),
         }
     finally:
-        _stop_workers(workers)
         bench_sql.delete_workflow_tasks(workflow.id)
         workflow.delete()
-    shutil.rmtree(log_dir)  # kept when the benchmark failed, for its workers' logs
 
 
 def _start_worker(concurrency: int, log_path: Path) -> subprocess.Popen:
@@ -286,7 +332,8 @@ def _pickup_latencies(config: BenchConfig) -> tuple[list[float], list[float]]:
     )
 
 
-def _stop_workers(workers: list[subprocess.Popen]) -> None:
+def stop_processes(workers: list[subprocess.Popen]) -> None:
+    """SIGTERM, and SIGKILL what has not exited 30 s later."""
     for worker in workers:
         if worker.poll() is None:
             worker.send_signal(signal.SIGTERM)

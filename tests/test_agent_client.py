@@ -5,19 +5,17 @@ SIGTERM gives its running tasks back."""
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from agents_app.models import AgentEvent
+from automechanica.api import bench_remote
 from task_queue import operations
 from task_queue.models import Task, TaskHistory
 from tests.support.api import token
-from tests.support.processes import REPO
 from tests.support.server import http
 from tests.support.waiting import wait_for
 
@@ -35,17 +33,8 @@ def echo(task):
 
 @pytest.fixture(scope="module")
 def client_venv(tmp_path_factory) -> Path:
-    """A venv with the client installed (pip install ./clients/python), and nothing of
-    the project's."""
-    venv = tmp_path_factory.mktemp("client") / "venv"
-    uv = shutil.which("uv")
-    if uv:
-        subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
-        install = [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python")]
-    else:
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        install = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
-    subprocess.run([*install, str(REPO / "clients" / "python")], check=True, timeout=300)
+    """A venv with only the client installed (pip install ./clients/python)."""
+    venv = bench_remote.client_venv(tmp_path_factory.mktemp("client") / "venv")
     no_django = subprocess.run([str(venv / "bin" / "python"), "-c", "import django"])
     assert no_django.returncode != 0, "the client's venv must not have Django"
     return venv

@@ -20,6 +20,12 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=50, help="per worker (50)")
         parser.add_argument("--latency-samples", type=int, default=200)
         parser.add_argument("--latency-rate", type=float, default=50.0, help="tasks/s (50)")
+        parser.add_argument(
+            "--remote",
+            action="store_true",
+            help="drain again with remote agents (the agent client, over a real daphne) "
+            "and report both and their ratio",
+        )
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -35,11 +41,22 @@ class Command(BaseCommand):
                 concurrency=options["concurrency"],
                 latency_samples=options["latency_samples"],
                 latency_rate=options["latency_rate"],
+                remote=options["remote"],
             )
         )
         if options["json"]:
             self.stdout.write(json.dumps(report, indent=2))
             return
+        if not options["remote"]:
+            self._show(report)
+            return
+        self.stdout.write("in-process workers (runworker):")
+        self._show(report["in_process"])
+        self.stdout.write("remote agents (the agent client over HTTP):")
+        self._show(report["remote"])
+        self.stdout.write(f"remote drain / in-process drain: {report['remote_to_in_process']}")
+
+    def _show(self, report: dict[str, Any]) -> None:
         latency = report["pickup_latency_ms"]
         self.stdout.write(
             f"enqueue {report['enqueue_tasks_per_s']} tasks/s, "

@@ -1,0 +1,101 @@
+"""``queue_bench --remote``: the benchmark's workers as remote agents.
+
+A real daphne on this process's settings and a free loopback port, a token bound to
+EchoAgent, and ``--workers`` processes of the agent client (clients/python, from a venv
+of its own that has only the client: ``client_venv``), each running
+``--concurrency`` handlers that return at once. They claim in batches (as many as
+they have free slots, with a long poll), heartbeat and send their outcomes in
+batches, as any remote agent would. Registered with the benchmark in
+``ApiConfig.ready``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from django.conf import settings
+
+from task_queue.bench import BenchConfig, stop_processes
+
+from .models import ApiToken
+from .tokens import create_token
+
+CLIENT = Path(settings.BASE_DIR) / "clients" / "python"
+# The handler of the benchmark's agents: nothing to do, as EchoAgent in runworker.
+HANDLER = "def echo(task):\n    return {}\n"
+
+
+def client_venv(venv: Path) -> Path:
+    """A venv at ``venv`` with the agent client installed (made once: kept if there)."""
+    python = venv / "bin" / "python"
+    if (venv / "bin" / "automechanica-agent").exists():
+        return venv
+    uv = shutil.which("uv")
+    if uv:
+        subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
+        install = [uv, "pip", "install", "-q", "--python", str(python)]
+    else:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        install = [str(python), "-m", "pip", "install", "-q"]
+    subprocess.run([*install, str(CLIENT)], check=True, timeout=600)
+    return venv
+
+
+@contextmanager
+def remote_workers(config: BenchConfig, log_dir: Path) -> Iterator[list[subprocess.Popen]]:
+    venv = client_venv(Path(settings.VAR_DIR) / "agent-client-venv")
+    (log_dir / "bench_handlers.py").write_text(HANDLER)
+    row, key = create_token("queue_bench remote", "write", ["EchoAgent"])
+    server, url = _start_daphne(log_dir / "daphne.log")
+    clients: list[subprocess.Popen] = []
+    try:
+        _wait_answering(url, server, config.timeout)
+        command = [str(venv / "bin" / "automechanica-agent"), "--api", url, "--token", key,
+                   "--agent", "EchoAgent", "--handler", "bench_handlers:echo",
+                   "--concurrency", str(config.concurrency), "--log-level", "WARNING"]  # fmt: skip
+        for i in range(config.workers):
+            with open(log_dir / f"client-{i}.log", "wb") as log:
+                clients.append(
+                    subprocess.Popen(command, cwd=log_dir, stdout=log, stderr=subprocess.STDOUT)
+                )
+        yield clients
+    finally:
+        stop_processes(clients)
+        stop_processes([server])
+        ApiToken.objects.filter(pk=row.pk).delete()
+
+
+def _start_daphne(log_path: Path) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+             "automechanica.asgi:application"],
+            cwd=settings.BASE_DIR, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    return server, f"http://127.0.0.1:{port}"
+
+
+def _wait_answering(url: str, server: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"the benchmark's daphne exited with {server.returncode}")
+        try:
+            urllib.request.urlopen(url + "/api/v1/agents", timeout=5)
+        except urllib.error.HTTPError:
+            return  # 401: up, and wants a token
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("the benchmark's daphne did not answer")
