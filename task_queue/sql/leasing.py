@@ -387,9 +387,13 @@ registered AS (
     ON CONFLICT (worker_id) DO UPDATE
     SET kind = EXCLUDED.kind, lease_seconds = EXCLUDED.lease_seconds,
         last_heartbeat_at = EXCLUDED.last_heartbeat_at,
-        memory_bytes = EXCLUDED.memory_bytes, state = EXCLUDED.state,
-        (task_ids, in_flight) = (
-            SELECT ids, cardinality(ids) FROM (
+        memory_bytes = EXCLUDED.memory_bytes,
+        -- A remote worker's state follows from the tasks it still holds.
+        (task_ids, in_flight, state) = (
+            SELECT ids, cardinality(ids),
+                   CASE WHEN %(whole)s THEN EXCLUDED.state
+                        WHEN cardinality(ids) > 0 THEN 'busy' ELSE 'idle' END
+            FROM (
                 SELECT CASE WHEN %(whole)s THEN EXCLUDED.task_ids ELSE ARRAY(
                     SELECT h.id FROM tasks h
                     WHERE h.id = ANY(workers.task_ids || EXCLUDED.task_ids)

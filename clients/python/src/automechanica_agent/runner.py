@@ -99,6 +99,9 @@ class Runner:
         self._slot_free.set()
 
     def _shutdown(self, sender: threading.Thread) -> None:
+        logger.info(
+            "stopping: %d tasks running get %.0f s to finish", len(self._held), self.grace_seconds
+        )
         self._claims.close()
         deadline = time.monotonic() + self.grace_seconds
         while self._held and time.monotonic() < deadline:
@@ -110,7 +113,11 @@ class Runner:
             task.stop("shutdown")
             if self._settle(task):
                 self._report(task, {"status": "released"})
+        if left:
+            logger.info("giving %d unfinished tasks back", len(left))
         self._outcomes.put(_STOP)
+        # Outcomes still unsent after this are lost: their leases run out and the
+        # reaper gives the tasks back.
         sender.join(60)
         self._done.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
