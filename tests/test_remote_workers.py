@@ -21,6 +21,7 @@ from django.db import connection
 
 from agents_app.models import AgentEvent, EmbeddingJob
 from task_queue import limits, operations
+from task_queue.models import HELD_STATUSES as HELD
 from task_queue.models import Task, TaskHistory, Worker
 from tests.support.api import token
 from tests.support.processes import REPO
@@ -189,11 +190,13 @@ def test_remote_agents_killed_and_frozen_complete_every_task_once(
     victims[1].process.send_signal(signal.SIGSTOP)
     manage_processes("runmaintenance")  # the reaper
     ids = [t.id for t in tasks]
-    wait_for(
-        lambda: Task.objects.filter(id__in=ids, status="completed").count() == len(ids),
-        timeout=180,
-        what="every task completed",
-    )
+    # The tasks the agent holds, sampled as fast as the database answers until all are
+    # done: remote and in-process workers claim under one limit.
+    samples = []
+    deadline = time.monotonic() + 180
+    while Task.objects.filter(id__in=ids, status="completed").count() < len(ids):
+        samples.append(Task.objects.filter(agent_name="EchoAgent", status__in=HELD).count())
+        assert time.monotonic() < deadline, "the tasks did not all complete"
     victims[1].process.send_signal(signal.SIGCONT)
     wait_for(lambda: _refused(victims[1]), timeout=30, what="the frozen agent's late write")
     assert [e["code"] for e in _refused(victims[1])] == ["lease_lost"]
@@ -207,7 +210,7 @@ def test_remote_agents_killed_and_frozen_complete_every_task_once(
         AgentEvent.objects.filter(task_id__in=ids).values_list("task_id", flat=True)
     ) == (Counter(ids))
     assert EmbeddingJob.objects.filter(agent_event__task_id__in=ids).count() == len(ids)
-    assert _most_held_at_once(ids) <= 3
+    assert len(samples) > 50 and max(samples) <= 3, (len(samples), max(samples))
 
 
 def _claimed(agent: RemoteAgent) -> bool:
@@ -216,18 +219,3 @@ def _claimed(agent: RemoteAgent) -> bool:
 
 def _refused(agent: RemoteAgent) -> list[dict]:
     return [e for e in agent.events() if e["event"] == "refused"]
-
-
-def _most_held_at_once(ids) -> int:
-    """The most attempts whose leases overlapped, from the history (each attempt holds
-    its lease from its claim, ``started_at``, to its outcome, ``occurred_at``)."""
-    moments = []
-    for started, ended in TaskHistory.objects.filter(task_id__in=ids).values_list(
-        "started_at", "occurred_at"
-    ):
-        moments += [(started, 1), (ended, -1)]
-    held = most = 0
-    for _, change in sorted(moments, key=lambda m: (m[0], m[1])):
-        held += change
-        most = max(most, held)
-    return most
