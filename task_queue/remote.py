@@ -13,8 +13,11 @@ Every step is runworker's own statement, not a copy:
   run as the lease's holder: a write names only the task and its lease token, and
   one whose token is not the task's current one changes nothing.
 
-The one difference is where the claim's settings live: on the web server's pooled
-connections they last the claim's transaction only (``prepare_claim_transaction``).
+The one difference is where the claim's and the outcomes' session settings live: on
+the web server's pooled connections they last the transaction only
+(``prepare_claim_transaction``, ``prepare_outcome_transaction``), and the plans of the
+pooled connections are not remade as the table grows (runworker's
+``remake_plans_when_grown``, whose bookkeeping is per connection).
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ from django.conf import settings
 from django.db import transaction
 
 from task_queue.sql import leasing
+from task_queue.sql import outcomes as outcomes_sql
 
 from . import blobs, registry
-from .agent import default_summary
+from .agent import Agent, default_summary
 from .claim_position import ClaimPosition
 from .execution import SUMMARY_MAX_CHARS, Outcome, completion, failure, reported_failure
 from .models import WorkerKind, WorkerState
@@ -100,7 +104,9 @@ class Recorded:
 
 
 class _Positions:
-    """The claim positions of remote workers, by worker and agent."""
+    """The claim positions of remote workers, by worker. Two requests of one worker at
+    once share its position: a claim may then start at the other's start, which only
+    moves tasks to the next claim from the head (at most HEAD_SCAN_EVERY_SECONDS)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -179,16 +185,25 @@ def next_due_at(agent: str) -> datetime | None:
     return leasing.next_due_at([agent])
 
 
+def _host_and_pid(worker: str) -> tuple[str, int]:
+    """A remote worker's host and process id, when its name is ``host:pid`` (else the
+    name and 0)."""
+    hostname, _, pid = worker.rpartition(":")
+    if hostname and pid.isascii() and pid.isdigit() and int(pid) < 2**31:
+        return hostname, int(pid)
+    return worker, 0
+
+
 def _register(
     worker: str, agents: list[str], concurrency: int, lease_seconds: float, known: list[UUID]
 ) -> None:
-    hostname, _, pid = worker.rpartition(":")
+    hostname, pid = _host_and_pid(worker)
     leasing.heartbeat(
         owner=worker,
         held=[],
         lease_seconds=lease_seconds,
-        hostname=hostname or worker,
-        pid=int(pid) if pid.isdigit() and int(pid) < 2**31 else 0,
+        hostname=hostname,
+        pid=pid,
         agents=agents,
         concurrency=concurrency,
         now=None,
@@ -224,19 +239,20 @@ def heartbeat(
     progress: tuple[float, str] | None,
     lease_seconds: float | None,
 ) -> leasing.HeldLease | None:
-    """Extend the lease ``lease_token`` on ``task_id`` (by ``lease_seconds``, else by its
-    worker's lease) and write the progress; None if the lease is no longer held."""
+    """Extend the lease ``lease_token`` on ``task_id`` (by ``lease_seconds``, else by the
+    length its claim granted) and write the progress; None if the lease is no longer
+    held."""
     holder = leasing.lease_holders([(task_id, lease_token)]).get(task_id)
     if holder is None:
         return None
     seconds = lease_seconds or holder.lease_seconds or settings.QUEUE_LEASE_SECONDS
-    hostname, _, _ = holder.owner.rpartition(":")
+    hostname, pid = _host_and_pid(holder.owner)
     held = leasing.heartbeat(
         owner=holder.owner,
         held=[(task_id, lease_token)],
         lease_seconds=seconds,
-        hostname=hostname or holder.owner,
-        pid=0,
+        hostname=hostname,
+        pid=pid,
         agents=[holder.task.agent_name],
         concurrency=1,
         now=None,
@@ -266,7 +282,9 @@ def record(reports: Sequence[Reported]) -> dict[UUID, Recorded]:
             by_owner.setdefault(holder.owner, []).append(_outcome(report, holder.task, index))
     written: dict[UUID, tuple[str, datetime | None]] = {}
     for owner, outcomes in by_owner.items():
-        written |= write_outcomes(owner, outcomes, None)
+        with transaction.atomic():
+            outcomes_sql.prepare_outcome_transaction()
+            written |= write_outcomes(owner, outcomes, None)
     for owner, held in releases.items():
         written |= {
             task_id: (status, None) for task_id, status in release(owner, held, None).items()
@@ -304,4 +322,5 @@ def _outcome(report: Reported, task: leasing.ClaimedTask, index: int) -> Outcome
 
 
 def _base_delay(agent: str) -> float:
-    return registry.get(agent).base_delay if agent in registry.names() else 5.0
+    """The agent's backoff base (an agent no longer registered: the default's)."""
+    return (registry.get(agent) if agent in registry.names() else Agent).base_delay

@@ -112,7 +112,8 @@ def test_the_client_stops_a_cancelled_task_and_gives_tasks_back_on_sigterm(live_
     key = token("write", "client", ("EchoAgent",))
     slow = [operations.enqueue("EchoAgent", "echo", {"work_seconds": 120}).id for _ in range(3)]
     client = clients(server.url, key, "--worker", "client:2", "--concurrency", "3",
-                     "--lease-seconds", "6", "--grace-seconds", "1")  # fmt: skip
+                     "--lease-seconds", "6", "--grace-seconds", "1",
+                     "--wait-seconds", "3")  # fmt: skip
     wait_for(
         lambda: Task.objects.filter(id__in=slow, status="running", progress=0.5).count() == 3,
         timeout=60,

@@ -340,8 +340,8 @@ BOUND_GETS = {
     ("GET", "api/docs"): "open",
     ("GET", "api/v1/agents"): "open",
     ("PATCH", "api/v1/agents/<name>"): "open",
-    ("GET", "api/v1/workers"): "open",
     ("GET", "api/v1/metrics"): "open",
+    ("GET", "api/v1/workers"): "filtered",
     ("POST", "api/v1/tasks"): "refused",
     ("GET", "api/v1/tasks"): "filtered",
     ("GET", "api/v1/dead-letter"): "filtered",
@@ -377,9 +377,13 @@ def others() -> dict[str, str]:
     from task_queue import operations as queue
     from task_queue import schedules
     from task_queue.models import Task, Workflow
+    from task_queue.sql import leasing
 
     workflow = Workflow.objects.create(name="pricing run", open=True)
     pending = queue.enqueue(OTHER, "price_parts", {}, workflow_id=workflow.id)
+    # A worker of OTHER's (its row names its agents and tasks).
+    leasing.heartbeat(owner="pricing-box:7", held=[], lease_seconds=30, hostname="pricing-box",
+                      pid=7, agents=[OTHER], concurrency=1, now=None)  # fmt: skip
     dead = queue.enqueue(OTHER, "price_parts", {})
     Task.objects.filter(id=dead.id).update(status="dead", attempts=3)
     schedule = schedules.create(
@@ -400,6 +404,7 @@ def other_calls(ids: dict[str, str]) -> dict[tuple[str, str], tuple[str, dict | 
     return {
         ("POST", "api/v1/tasks"): ("/api/v1/tasks", new_task),
         ("GET", "api/v1/tasks"): ("/api/v1/tasks", None),
+        ("GET", "api/v1/workers"): ("/api/v1/workers", None),
         ("GET", "api/v1/dead-letter"): ("/api/v1/dead-letter", None),
         ("POST", "api/v1/tasks/revive"): ("/api/v1/tasks/revive", {"ids": [dead]}),
         ("GET", "api/v1/tasks/<task_id>"): (f"/api/v1/tasks/{task}", None),

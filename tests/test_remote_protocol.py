@@ -45,7 +45,23 @@ def test_claim_answers_the_task_with_its_lease(agent_api):
     assert claimed["lease_expires_at"].startswith(row.lease_expires_at.isoformat()[:19])
     worker = Worker.objects.get(worker_id="gpu-box:4242")
     assert (worker.kind, worker.agents, worker.task_ids) == ("remote", ["EchoAgent"], [task.id])
-    assert worker.lease_seconds == 60 and worker.state == "busy"
+    assert (worker.state, row.lease_seconds) == ("busy", 60)
+
+
+def test_a_heartbeat_extends_the_lease_by_the_length_its_claim_granted(agent_api):
+    task = operations.enqueue("EchoAgent", "echo")
+    # Another claim of the same worker with a shorter lease changes nothing for it.
+    [claimed] = claim(agent_api, lease_seconds=600)
+    assert claim(agent_api, lease_seconds=5) == []
+    path = f"/api/v1/tasks/{task.id}/heartbeat"
+    beat = agent_api.post(path, {"lease_token": claimed["lease_token"]}).json()
+    row = Task.objects.get(id=task.id)
+    assert abs((row.lease_expires_at - row.started_at).total_seconds() - 600) < 1
+    assert beat["lease_expires_at"].startswith(row.lease_expires_at.isoformat()[:19])
+    shorter = agent_api.post(path, {"lease_token": claimed["lease_token"], "lease_seconds": 60})
+    assert shorter.status_code == 200
+    row.refresh_from_db()
+    assert abs((row.lease_expires_at - row.started_at).total_seconds() - 60) < 1
 
 
 def test_an_empty_claim_registers_the_worker_idle(agent_api):
@@ -90,7 +106,7 @@ def test_heartbeat_extends_the_lease_writes_progress_and_reports_cancel(agent_ap
     assert failed.json()["status"] == "cancelled"
 
 
-def test_complete_writes_the_result_history_agent_event_and_embedding_job(agent_api):
+def test_complete_writes_the_result_history_agent_event_and_embedding_job(agent_api, api):
     task = operations.enqueue("EchoAgent", "echo", {"n": 1})
     [claimed] = claim(agent_api)
     done = agent_api.post(
@@ -106,6 +122,11 @@ def test_complete_writes_the_result_history_agent_event_and_embedding_job(agent_
     event = AgentEvent.objects.get(task_id=task.id)
     assert event.content == "echoed 1"
     assert EmbeddingJob.objects.filter(agent_event=event).count() == 1
+    # A claim's tasks share its lease token: a bound token never sees one in a history.
+    [seen] = agent_api.get(f"/api/v1/tasks/{task.id}").json()["history"]
+    assert seen["lease_token"] is None
+    [full] = api.get(f"/api/v1/tasks/{task.id}").json()["history"]
+    assert full["lease_token"] == claimed["lease_token"]
 
 
 def test_fail_retries_with_backoff_then_dead_and_non_retryable_fails(agent_api):
@@ -249,10 +270,14 @@ def test_routes_need_a_write_token():
         ({**WORKER, "wait_seconds": -1}, "wait_seconds"),
         ({**WORKER, "limit": "many"}, "limit"),
         ({**WORKER, "unknown": 1}, "unknown"),
+        ({"worker": "h:²"}, None),  # not a pid: a name like any other (200)
     ],
 )
 def test_bad_claims_are_422_naming_the_field(agent_api, body, field):
     response = agent_api.post("/api/v1/agents/EchoAgent/claim", body)
+    if field is None:
+        assert response.status_code == 200, response.content
+        return
     assert response.status_code == 422, response.content
     assert field in field_names(response)
 
@@ -277,6 +302,11 @@ def test_bad_outcomes_are_refused_before_anything_is_written(agent_api, settings
     assert no_error.status_code == 422
     twice = {"task_id": str(task.id), "lease_token": token_, "status": "completed"}
     assert agent_api.post("/api/v1/outcomes", {"outcomes": [twice, twice]}).status_code == 422
+    nul_type = agent_api.post(
+        f"/api/v1/tasks/{task.id}/fail",
+        {"lease_token": token_, "error": {"type": "E\x00", "message": "m"}},
+    )
+    assert nul_type.status_code == 422 and field_names(nul_type) == ["error.type"]
     progress = agent_api.post(
         f"/api/v1/tasks/{task.id}/heartbeat", {"lease_token": token_, "progress": {"fraction": 2}}
     )

@@ -6,8 +6,11 @@ limited agent each notify the agent's name, in the writer's transaction), throug
 one LISTEN loop (``task_queue.listen``). A claim subscribes to its agent before it
 claims, so a task that commits between its empty claim and its wait still wakes it.
 
-The LISTEN starts with the first subscription and then stays: remote workers poll
-again as soon as they are answered, and the channel notifies whether anyone listens.
+Each notification wakes one waiting claim; one that gets tasks wakes the next, so a
+burst is taken by as many claims as it needs, one after another, while a single task
+wakes a single claim. The LISTEN starts with the first subscription and then stays:
+remote workers poll again as soon as they are answered, and the channel notifies
+whether anyone listens.
 """
 
 from __future__ import annotations
@@ -55,11 +58,25 @@ class ClaimWakeups:
         if self._task is None:
             self._task = loop.create_task(self._run())
 
-    def _wake(self, agent: str | None) -> None:
-        groups = self._waiting.values() if agent is None else [self._waiting.get(agent, ())]
-        for waiting in groups:
-            for woken in waiting:
+    def _wake(self, agent: str | None, passing: asyncio.Event | None = None) -> None:
+        """Wake one claim waiting for ``agent`` (None: every waiting claim). One
+        notification, one claim run: a hundred waiting workers do not all run the
+        view, each with a thread and a pooled connection, for one task. A woken claim
+        that got tasks passes the wake-up on (``pass_on``), since more may be due."""
+        if agent is None:
+            for waiting in self._waiting.values():
+                for woken in waiting:
+                    woken.set()
+            return
+        for woken in self._waiting.get(agent, ()):
+            if woken is not passing and not woken.is_set():
                 woken.set()
+                return
+
+    def pass_on(self, agent: str, passing: asyncio.Event) -> None:
+        """A woken claim got tasks, or will not use its wake-up: wake the next one
+        (not the claim's own ``passing`` subscription)."""
+        self._wake(agent, passing)
 
     async def _run(self) -> None:
         while True:

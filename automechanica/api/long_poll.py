@@ -25,7 +25,6 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import unquote
 
 from django.conf import settings
 
@@ -36,6 +35,8 @@ LONG_POLL = "automechanica.long_poll"
 CLAIM_PATH = re.compile(r"/api/v1/agents/(?P<agent>[^/]+)/claim/?")
 # Without a LISTEN in effect (the database unreachable), claims are retried this often.
 UNHEARD_RETRY_SECONDS = 1.0
+# The least wait before the claim runs again for a task that is due already.
+DUE_RETRY_SECONDS = 0.05
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -69,7 +70,9 @@ class LongPoll:
         # run: at least every third of a lease, as runworker heartbeats.
         limits = [remaining, settings.QUEUE_LEASE_SECONDS / 3]
         if self.due_in is not None:
-            limits.append(max(self.due_in, 0.0))
+            # A task already due that the claim could not take (another transaction has
+            # it locked) is tried again shortly, not in a loop.
+            limits.append(max(self.due_in, DUE_RETRY_SECONDS))
         if not listening:
             limits.append(UNHEARD_RETRY_SECONDS)
         return max(min(limits), 0.0)
@@ -82,7 +85,8 @@ def long_polling(app: App) -> App:
         match = CLAIM_PATH.fullmatch(scope.get("path", "")) if scope["type"] == "http" else None
         if match is None or scope.get("method") != "POST":
             return await app(scope, receive, send)
-        await _claim(app, scope, receive, send, unquote(match["agent"]))
+        # ASGI's path is already percent-decoded: the agent's name as it is.
+        await _claim(app, scope, receive, send, match["agent"])
 
     return application
 
@@ -95,16 +99,23 @@ async def _claim(app: App, scope: Scope, receive: Any, send: Any, agent: str) ->
     watcher = asyncio.create_task(_watch_disconnect(receive, hung_up))
     poll = LongPoll()
     try:
+        woken_before = False
         while True:
             answer: list[Message] = []
             async with wakeups.subscribe(agent) as woken:
                 poll.waiting = False
                 await app({**scope, LONG_POLL: poll}, _replay(body, hung_up), _keep(answer))
+                if woken_before and (not poll.waiting or hung_up.is_set()):
+                    # Woken, it got tasks (more may be due) or will not use its turn.
+                    wakeups.pass_on(agent, woken)
                 if not poll.waiting or hung_up.is_set():
                     break
                 timeout = poll.timeout(wakeups.listening.is_set())
                 await _first(woken.wait(), hung_up.wait(), timeout=timeout)
+                woken_before = woken.is_set()
             if hung_up.is_set():
+                if woken_before:
+                    wakeups.pass_on(agent, woken)
                 return
         for message in answer:
             await send(message)

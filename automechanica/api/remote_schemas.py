@@ -93,7 +93,7 @@ class HeartbeatOut(Schema):
 
 
 class ErrorIn(Strict):
-    type: Annotated[str, Field(min_length=1, max_length=200)]
+    type: Annotated[str, Field(min_length=1, max_length=200), AfterValidator(storable_text)]
     message: str
     traceback: str | None = None
 

@@ -211,7 +211,14 @@ class TaskDetailOut(TaskOut):
 
     @staticmethod
     def resolve_history(task: Any) -> list[Any]:
-        return list(task.history.all())
+        history = list(task.history.all())
+        # A claim gives every task it takes one lease token: a past attempt's token may
+        # be the current token of a task still running. Only an unbound token (an
+        # operator's program, which may act on every task anyway) sees them.
+        if getattr(task, "hide_lease_tokens", False):
+            for row in history:
+                row.lease_token = None
+        return history
 
 
 class TaskPage(Schema):
@@ -384,7 +391,6 @@ class WorkerOut(Schema):
     kind: Literal["local", "remote"] = Field(
         description="local: a runworker process; remote: an agent over the worker protocol."
     )
-    lease_seconds: float | None = Field(description="How long its leases last.")
     hostname: str
     pid: int
     agents: list[str]

@@ -1,6 +1,8 @@
 """Workers of two kinds: ``local`` (runworker) and ``remote`` (an agent elsewhere, over
 the HTTP API's worker protocol). A database default, so a worker of the release
-before, which does not write the column, still registers."""
+before, which does not write the column, still registers. A task keeps the length of
+the lease its claim granted (``lease_seconds``), by which a heartbeat over HTTP extends
+it: a nullable column without a default, added without rewriting the table."""
 
 from django.db import migrations, models
 
@@ -19,7 +21,7 @@ class Migration(migrations.Migration):
             ),
         ),
         migrations.AddField(
-            model_name="worker",
+            model_name="task",
             name="lease_seconds",
             field=models.FloatField(blank=True, null=True),
         ),

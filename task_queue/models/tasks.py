@@ -115,6 +115,9 @@ class Task(models.Model):
     # so a worker whose lease expired cannot overwrite what another worker did.
     lease_token = models.UUIDField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The length of the lease its claim granted: a heartbeat of the worker protocol over
+    # HTTP, which names only the task, extends the lease by it.
+    lease_seconds = models.FloatField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     error_info = models.JSONField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)

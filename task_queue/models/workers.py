@@ -36,8 +36,6 @@ class Worker(models.Model):
     last_heartbeat_at = models.DateTimeField(db_default=Now())
     # A database default, as task_ids: a worker of the release before still registers.
     kind = models.TextField(choices=WorkerKind.choices, db_default=WorkerKind.LOCAL)
-    # How long its leases last: a remote worker's task heartbeat extends a lease by it.
-    lease_seconds = models.FloatField(null=True, blank=True)
 
     class Meta:
         db_table = "workers"

@@ -208,7 +208,7 @@ chosen AS (
 claimed AS (
     UPDATE tasks t
     SET status = 'running',
-        {TASK_LEASE.grant()},
+        {TASK_LEASE.grant()}, lease_seconds = %(lease_seconds)s,
         progress = NULL, progress_message = NULL, progress_at = NULL,
         started_at = {NOW},
         updated_at = {NOW}
@@ -374,19 +374,17 @@ EXTEND_AND_WRITE_PROGRESS = TASK_LEASE.extend_statement(
 HEARTBEAT = f"""
 WITH extended AS ({EXTEND_AND_WRITE_PROGRESS}),
 registered AS (
-    INSERT INTO workers (worker_id, kind, hostname, pid, agents, concurrency, lease_seconds,
-                         in_flight, memory_bytes, state, task_ids, started_at,
-                         last_heartbeat_at)
+    INSERT INTO workers (worker_id, kind, hostname, pid, agents, concurrency, in_flight,
+                         memory_bytes, state, task_ids, started_at, last_heartbeat_at)
     SELECT %(owner)s, %(kind)s, %(hostname)s, %(pid)s, %(agents)s::text[], %(concurrency)s,
-           %(lease_seconds)s, cardinality(still_held.ids), %(memory_bytes)s, %(state)s,
-           still_held.ids, {NOW}, {NOW}
+           cardinality(still_held.ids), %(memory_bytes)s, %(state)s, still_held.ids,
+           {NOW}, {NOW}
     FROM (
         SELECT COALESCE(array_agg(id ORDER BY id), '{{}}') AS ids
         FROM (SELECT id FROM extended UNION SELECT unnest(%(known)s::uuid[])) AS held
     ) still_held
     ON CONFLICT (worker_id) DO UPDATE
-    SET kind = EXCLUDED.kind, lease_seconds = EXCLUDED.lease_seconds,
-        last_heartbeat_at = EXCLUDED.last_heartbeat_at,
+    SET kind = EXCLUDED.kind, last_heartbeat_at = EXCLUDED.last_heartbeat_at,
         memory_bytes = EXCLUDED.memory_bytes,
         -- A remote worker's state follows from the tasks it still holds.
         (task_ids, in_flight, state) = (
@@ -473,15 +471,14 @@ def heartbeat(
     return {row[0]: HeldLease(row[1], row[2]) for row in fetch(HEARTBEAT, params)}
 
 
-# Who holds each of these leases (id, lease token), and for how long its worker's leases
-# last: the worker protocol's writes name only the task and its lease token, and run
+# Who holds each of these leases (id, lease token), and the length its claim granted:
+# the worker protocol's writes name only the task and its lease token, and run
 # the fenced statements as that holder. A lease not found is not held any more.
 LEASE_HOLDERS = f"""
-SELECT t.lease_owner, w.lease_seconds, t.id, t.agent_name, t.task_type, t.attempts,
+SELECT t.lease_owner, t.lease_seconds, t.id, t.agent_name, t.task_type, t.attempts,
        t.max_attempts, t.workflow_id, t.trace_id, t.lease_token, t.traceparent, t.priority
 FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS held(id, lease_token)
 JOIN tasks t ON t.id = held.id AND t.lease_token = held.lease_token
-LEFT JOIN workers w ON w.worker_id = t.lease_owner
 WHERE t.status IN ({TASK_LEASE.held_statuses})
 """
 
@@ -489,7 +486,7 @@ WHERE t.status IN ({TASK_LEASE.held_statuses})
 @dataclass(frozen=True, slots=True)
 class LeaseHolder:
     owner: str
-    lease_seconds: float | None  # its worker's, when the worker is registered
+    lease_seconds: float | None  # the length its claim granted
     task: ClaimedTask  # without its payload
 
 

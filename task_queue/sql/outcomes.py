@@ -10,7 +10,14 @@ from functools import cache
 from uuid import UUID
 
 from task_queue.leases import backoff, held_params
-from task_queue.sql.db import NOW, fetch, fetch_bound, remake_plans_when_grown, set_up_session
+from task_queue.sql.db import (
+    NOW,
+    execute,
+    fetch,
+    fetch_bound,
+    remake_plans_when_grown,
+    set_up_session,
+)
 from task_queue.sql.leasing import FENCED, HELD, TASK_LEASE
 
 # A completion, in one prepared statement (task_queue.sql.db.fetch_bound): the task,
@@ -73,6 +80,9 @@ SELECT id FROM completed
 # table they say there are no tasks, and the completion then read the whole table for
 # every batch (a drain ran at 2,400 tasks/s).
 PREPARE_OUTCOME_SESSION = "SELECT set_config('plan_cache_mode', 'force_generic_plan', false)"
+# The same until the transaction ends, on a connection others use after it (the web
+# server's pool, for the worker protocol over HTTP).
+PREPARE_OUTCOME_TRANSACTION = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
 
 
 def prepare_outcome_session() -> None:
@@ -81,6 +91,11 @@ def prepare_outcome_session() -> None:
     stale (``remake_plans_when_grown``)."""
     set_up_session(PREPARE_OUTCOME_SESSION)
     remake_plans_when_grown("tasks")
+
+
+def prepare_outcome_transaction() -> None:
+    """The outcome session's settings until the current transaction ends."""
+    execute(PREPARE_OUTCOME_TRANSACTION, {})
 
 
 _completion_parts: dict[str, str] = {}

@@ -21,7 +21,7 @@ from task_queue.agent import progress_report
 from task_queue.models import Task
 from task_queue.task_specs import MAX_KEY_LENGTH
 
-from ..agents import require_agent
+from ..agents import require_agent, visible
 from ..auth import WRITE
 from ..errors import ERROR_RESPONSES, ApiError
 from ..long_poll import LONG_POLL
@@ -52,9 +52,10 @@ def _agent(request: HttpRequest, name: str, field: str = "name") -> None:
     require_agent(request, field, name)
 
 
-def _task_agents(request: HttpRequest, ids: list[UUID], field: str) -> None:
-    """404 for a task that does not exist, 403 for one of another agent (``field`` with
-    the index of each, for a batch)."""
+def _task_agents(request: HttpRequest, ids: list[UUID], field: str) -> dict[UUID, str]:
+    """The agent of each task: 404 for a task that does not exist, 403 for one of an
+    agent the token is not bound to, without naming that agent (``field`` with the
+    index of each, for a batch)."""
     agents = dict(Task.objects.filter(id__in=ids).values_list("id", "agent_name"))
     for index, task_id in enumerate(ids):
         where = field.format(index=index)
@@ -62,7 +63,10 @@ def _task_agents(request: HttpRequest, ids: list[UUID], field: str) -> None:
             raise ApiError(
                 404, "not_found", f"{where}: no such task", field_errors=[(where, "no such task")]
             )
-        require_agent(request, where, agents[task_id], "is a task of an agent this token is not")
+        if not visible(request, agents[task_id]):
+            why = "is a task of an agent this token is not bound to"
+            raise ApiError(403, "agent_not_allowed", f"{where}: {why}", field_errors=[(where, why)])
+    return agents
 
 
 def _claimed(claimed: remote.Claimed) -> dict[str, Any]:
@@ -107,9 +111,9 @@ def _seconds_until(moment: datetime | None) -> float | None:
 def claim_task(request: HttpRequest, task_id: UUID, body: ClaimOneRequest):
     """Lease this task if it can start now; 409 with the reason (``details.reason``:
     ``not_due``, ``leased``, ``finished``, ``paused`` or ``over_limit``) if not. A
-    dispatched agent claims by id: a duplicate command finds the task leased."""
-    _task_agents(request, [task_id], "task_id")
-    agent = Task.objects.values_list("agent_name", flat=True).get(id=task_id)
+    dispatched agent claims by id: a duplicate command finds the task leased. A task
+    whose payload's blob cannot be read fails as in runworker (``payload_unavailable``)."""
+    agent = _task_agents(request, [task_id], "task_id")[task_id]
     try:
         claimed = remote.claim_one(body.worker, task_id, agent, lease_seconds=body.lease_seconds)
     except remote.NotClaimable as refused:

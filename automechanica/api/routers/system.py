@@ -16,6 +16,7 @@ from task_queue.sql import reading
 from task_queue.stats import queue_stats
 from task_queue.task_specs import MAX_KEY_LENGTH
 
+from ..agents import token_agents
 from ..auth import ADMIN, READ
 from ..errors import ERROR_RESPONSES, ApiError
 from ..schemas import AgentLimitsUpdate, AgentOut, MetricsOut, WorkerOut
@@ -79,10 +80,15 @@ def _agent(
 
 @router.get("/workers", auth=READ, response={200: list[WorkerOut], **ERROR_RESPONSES})
 def list_workers(request: HttpRequest):
-    """Worker processes that heartbeat; ``stale`` ones have missed a lease's worth."""
+    """Workers that heartbeat, local (runworker) and remote (agents over the worker
+    protocol); ``stale`` ones have missed a lease's worth. A token bound to agents sees
+    the workers of its agents only."""
     now = timezone.now()
     out = []
-    for worker in Worker.objects.all():
+    workers = Worker.objects.all()
+    if agents := token_agents(request):
+        workers = workers.filter(agents__overlap=agents)
+    for worker in workers:
         age = (now - worker.last_heartbeat_at).total_seconds()
         out.append(
             {

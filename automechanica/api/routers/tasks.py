@@ -234,6 +234,7 @@ def get_task(request: HttpRequest, task_id: UUID):
     """The task with its history: every attempt, its error and traceback, its worker,
     and every operator action. A payload or result stored as a blob is read back."""
     task = _task(request, task_id)
+    task.hide_lease_tokens = bool(request.auth.agents)
     try:
         task.payload = blobs.payload_of(task.payload, task.payload_ref)
     except blobs.PayloadBlobError as error:

@@ -7,13 +7,16 @@ import logging
 import random
 import threading
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 logger = logging.getLogger(__name__)
 
-# Answers that mean "the server is not there right now": retried with backoff.
-UNAVAILABLE = frozenset({502, 503, 504})
+# Answers that mean "the server cannot answer right now" (a 500 is a database that is
+# down or restarting as often as anything): retried with backoff. Retrying a write is
+# safe: a second completion of the same lease is refused as lease_lost, never counted.
+UNAVAILABLE = frozenset({500, 502, 503, 504})
 MAX_BACKOFF_SECONDS = 10.0
 
 
@@ -46,7 +49,8 @@ class Api:
         self, path: str, body: dict[str, Any], *, retry: bool = True, read_timeout: float = 30.0
     ) -> dict[str, Any]:
         """POST ``body``; retried with backoff while the server is unreachable or
-        answers 502-504 (``retry``); :class:`LeaseLost` or :class:`ApiError` otherwise."""
+        answers 500 or 502-504 (``retry``); :class:`LeaseLost` or :class:`ApiError`
+        otherwise."""
         delay = 0.2
         while True:
             try:
@@ -57,6 +61,8 @@ class Api:
                 if not retry or self._closed.is_set():
                     raise
                 logger.warning("%s: %s; retrying in %.1f s", path, error, delay)
+            except RuntimeError:  # httpx: the client has been closed
+                raise httpx.TransportError("the client was closed") from None
             else:
                 if response.status_code not in UNAVAILABLE or not retry:
                     return _answer(response)
@@ -74,7 +80,8 @@ class Api:
             "lease_seconds": lease_seconds,
             "wait_seconds": wait_seconds,
         }
-        answer = self.post(f"/api/v1/agents/{agent}/claim", body, read_timeout=wait_seconds + 30)
+        path = f"/api/v1/agents/{quote(agent, safe='')}/claim"
+        answer = self.post(path, body, read_timeout=wait_seconds + 30)
         return answer["tasks"]
 
     def heartbeat(

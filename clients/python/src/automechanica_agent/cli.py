@@ -35,7 +35,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=4, help="tasks at once (4)")
     p.add_argument("--worker", help="this worker's name (default: host:pid)")
     p.add_argument("--lease-seconds", type=float, default=30.0, help="(30)")
-    p.add_argument("--wait-seconds", type=float, default=20.0, help="long poll (20)")
+    p.add_argument("--wait-seconds", type=float, default=10.0,
+                   help="long poll (10); a stop waits for one in flight")  # fmt: skip
     p.add_argument("--grace-seconds", type=float, default=10.0,
                    help="on SIGTERM, how long running tasks may finish (10)")  # fmt: skip
     p.add_argument("--log-level", default="INFO")

@@ -5,14 +5,17 @@ Threads:
 
 - the claimer long-polls for as many tasks as there are free slots;
 - ``concurrency`` handler threads run the handler, one task each;
-- the heartbeater extends every held lease at a third of its length, sending the
-  latest progress, and stops a task whose lease was lost or whose cancel was asked;
+- the heartbeater extends every held lease at a third of its length until its
+  outcome is acknowledged, sending the latest progress, and stops a task whose lease
+  was lost or whose cancel was asked;
 - the sender reports outcomes in batches (one request for all that finished while
   the last one was sent), retrying while the server is down.
 
 ``stop()`` (SIGTERM, SIGINT in the CLI) ends the claims, gives running handlers
 ``grace_seconds`` to finish, then asks the rest to stop and gives their tasks back
-(``released``: pending again, no attempt counted), and sends what is left to send.
+(``released``: pending again, no attempt counted), waits for a long poll still in
+flight (at most ``wait_seconds``) to give back what it brings, and sends what is left
+to send.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -52,7 +54,7 @@ class Runner:
         worker: str | None = None,
         concurrency: int = 4,
         lease_seconds: float = 30.0,
-        wait_seconds: float = 20.0,
+        wait_seconds: float = 10.0,
         grace_seconds: float = 10.0,
         batch_size: int = 100,
     ) -> None:
@@ -64,7 +66,7 @@ class Runner:
         self.wait_seconds = wait_seconds
         self.grace_seconds = grace_seconds
         self.batch_size = batch_size
-        # Claims have a client of their own, closed at once on stop (ending a long poll).
+        # Claims have a client of their own (its long polls outlast the others' timeouts).
         self._claims = Api(url, token, timeout=wait_seconds + 30)
         self._api = Api(url, token)
         self._held: dict[str, Task] = {}
@@ -74,7 +76,9 @@ class Runner:
         self._stopping = threading.Event()
         self._done = threading.Event()
         self._outcomes: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="handler")
+        # Handler threads are daemons: one whose handler ignores a stop request does not
+        # keep the process from exiting (its task was given back).
+        self._work: queue.SimpleQueue[Task] = queue.SimpleQueue()
         self.counts = {"completed": 0, "failed": 0, "released": 0, "lost": 0}
 
     # ------------------------------------------------------------ lifecycle
@@ -84,13 +88,17 @@ class Runner:
         sender = threading.Thread(target=self._send_loop, name="sender")
         beater = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         claimer = threading.Thread(target=self._claim_loop, name="claimer", daemon=True)
-        for thread in (sender, beater, claimer):
+        handlers = [
+            threading.Thread(target=self._handle_loop, name=f"handler-{i}", daemon=True)
+            for i in range(self.concurrency)
+        ]
+        for thread in (sender, beater, claimer, *handlers):
             thread.start()
         logger.info(
             "worker %s: agent %s, concurrency %d", self.worker, self.agent, self.concurrency
         )
         self._stopping.wait()
-        self._shutdown(sender)
+        self._shutdown(sender, claimer)
         return dict(self.counts)
 
     def stop(self) -> None:
@@ -98,11 +106,10 @@ class Runner:
         self._stopping.set()
         self._slot_free.set()
 
-    def _shutdown(self, sender: threading.Thread) -> None:
+    def _shutdown(self, sender: threading.Thread, claimer: threading.Thread) -> None:
         logger.info(
             "stopping: %d tasks running get %.0f s to finish", len(self._held), self.grace_seconds
         )
-        self._claims.close()
         deadline = time.monotonic() + self.grace_seconds
         while self._held and time.monotonic() < deadline:
             self._slot_free.wait(0.05)
@@ -115,12 +122,17 @@ class Runner:
                 self._report(task, {"status": "released"})
         if left:
             logger.info("giving %d unfinished tasks back", len(left))
+        # A long poll still in flight may yet bring tasks (the ones just given back,
+        # even): its answer comes within the wait, and they are given back too. It is
+        # not cut short: a socket closed under a blocked read sends the server nothing,
+        # and the server would claim tasks for an answer no one reads.
+        claimer.join(self.wait_seconds + 10)
+        self._claims.close()
         self._outcomes.put(_STOP)
         # Outcomes still unsent after this are lost: their leases run out and the
         # reaper gives the tasks back.
         sender.join(60)
         self._done.set()
-        self._pool.shutdown(wait=False, cancel_futures=True)
         self._api.close()
 
     # ------------------------------------------------------------ claiming
@@ -132,17 +144,22 @@ class Runner:
                 self._slot_free.wait(1.0)
                 self._slot_free.clear()
                 continue
+            began = time.monotonic()
             try:
                 claimed = self._claims.claim(
                     self.agent, self.worker, free, self.lease_seconds, self.wait_seconds
                 )
-            except (ApiError, httpx.HTTPError) as error:
+                tasks = [Task.from_claim(claim) for claim in claimed]
+            except Exception as error:  # the claimer must outlive any one answer
                 if not self._stopping.is_set():
-                    logger.warning("claim failed (%s); trying again in 1 s", error)
+                    logger.warning("claim failed (%r); trying again in 1 s", error)
                     self._stopping.wait(1.0)
                 continue
-            for claim in claimed:
-                self._start(Task.from_claim(claim))
+            for task in tasks:
+                self._start(task)
+            if not tasks and time.monotonic() - began < min(self.wait_seconds, 1.0):
+                # Answered at once with nothing (a server that does not wait): no spin.
+                self._stopping.wait(1.0)
 
     def _start(self, task: Task) -> None:
         with self._lock:
@@ -151,9 +168,17 @@ class Runner:
             if self._settle(task):
                 self._report(task, {"status": "released"})
             return
-        self._pool.submit(self._handle, task)
+        self._work.put(task)
 
     # ------------------------------------------------------------ handling
+
+    def _handle_loop(self) -> None:
+        while True:
+            task = self._work.get()
+            try:
+                self._handle(task)
+            except Exception:  # a handler thread must outlive any one task
+                logger.exception("handling task %s failed", task.id)
 
     def _handle(self, task: Task) -> None:
         try:
@@ -164,9 +189,9 @@ class Runner:
             outcome = self._stopped(task) if task.stop_reason else _failure(error)
         else:
             outcome = self._stopped(task) if task.stop_reason else _completion(result)
-        finally:
-            self._slot_free.set()
-        if outcome is not None and self._settle(task):
+        if outcome is None:  # the lease was lost: nothing to report, the slot is free
+            self._forget(task.id)
+        elif self._settle(task):
             self._report(task, outcome)
 
     def _stopped(self, task: Task) -> dict[str, Any] | None:
@@ -200,37 +225,45 @@ class Runner:
     # ------------------------------------------------------------ heartbeats
 
     def _heartbeat_loop(self) -> None:
+        """Every held lease, until its outcome is acknowledged (a finished task's lease
+        must outlast the sending of its outcome)."""
         sent: dict[str, tuple[float, str] | None] = {}
         while not self._done.wait(self.lease_seconds / 3):
             with self._lock:
-                held = [t for t in self._held.values() if t.id not in self._settled]
+                held = [t for t in self._held.values() if t.stop_reason != "lease lost"]
             for task in held:
-                progress = task._progress
                 try:
-                    answer = self._api.heartbeat(
-                        task.id,
-                        task.lease_token,
-                        None if progress is sent.get(task.id) else progress,
-                    )
-                except LeaseLost:
-                    logger.warning("lost the lease on task %s; stopping it", task.id)
-                    task.stop("lease lost")
-                    if self._settle(task):
-                        self.counts["lost"] += 1
-                        self._forget(task.id)
-                    continue
-                except (ApiError, httpx.HTTPError) as error:
-                    logger.warning("heartbeat of task %s failed (%s)", task.id, error)
-                    continue
-                sent[task.id] = progress
-                if answer["cancel_requested"]:
-                    task.stop("cancel requested")
+                    self._heartbeat(task, sent)
+                except Exception as error:  # the heartbeat must outlive any one answer
+                    logger.warning("heartbeat of task %s failed (%r)", task.id, error)
             for task_id in set(sent) - {t.id for t in held}:
                 del sent[task_id]
+
+    def _heartbeat(self, task: Task, sent: dict[str, tuple[float, str] | None]) -> None:
+        progress = task._progress
+        try:
+            answer = self._api.heartbeat(
+                task.id, task.lease_token, None if progress is sent.get(task.id) else progress
+            )
+        except LeaseLost:
+            logger.warning("lost the lease on task %s; stopping it", task.id)
+            task.stop("lease lost")
+            if task.id in self._held and self._settle(task):
+                self._count("lost")
+            return
+        sent[task.id] = progress
+        if answer["cancel_requested"]:
+            task.stop("cancel requested")
+
+    def _count(self, kind: str) -> None:
+        with self._lock:
+            self.counts[kind] += 1
 
     # ------------------------------------------------------------ outcomes
 
     def _send_loop(self) -> None:
+        """Outcomes in batches; a batch that cannot be sent at all is logged, and its
+        tasks are left to their leases (the reaper gives them back)."""
         stopping = False
         while not stopping:
             batch = [self._outcomes.get()]
@@ -243,7 +276,12 @@ class Runner:
                 stopping = True
                 batch = [o for o in batch if o is not _STOP]
             if batch:
-                self._send(batch)
+                try:
+                    self._send(batch)
+                except Exception:  # the sender must outlive any one answer
+                    logger.exception("sending %d outcomes failed", len(batch))
+                    for outcome in batch:
+                        self._forget(outcome["task_id"])
 
     def _send(self, batch: list[dict[str, Any]]) -> None:
         try:
@@ -262,9 +300,9 @@ class Runner:
                 logger.warning(
                     "outcome of task %s refused: %s", outcome["task_id"], result["error"]
                 )
-                self.counts["lost"] += 1
+                self._count("lost")
             else:
-                self.counts[outcome["status"]] += 1
+                self._count(outcome["status"])
             self._forget(outcome["task_id"])
 
     def _refused(self, outcome: dict[str, Any], error: ApiError) -> dict[str, Any]:
