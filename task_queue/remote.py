@@ -23,10 +23,11 @@ pooled connections are not remade as the table grows (runworker's
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -48,6 +49,8 @@ from .storable import diagnostic_text, storable_json
 # used are forgotten: a forgotten position only means its next claim reads from the
 # head of the index).
 KEPT_POSITIONS = 10_000
+# At most this often a busy remote worker's row is written by its claims (_Registrations).
+REGISTER_EVERY_SECONDS = 1.0
 
 
 class NotClaimable(Exception):
@@ -124,12 +127,36 @@ class _Positions:
 _positions = _Positions()
 
 
+class _Registrations:
+    """When this process last registered each remote worker. Under load a worker claims
+    many times a second; its row is written at most every REGISTER_EVERY_SECONDS by
+    claims that got tasks (its tasks then show on /workers/ up to that late), and by
+    every claim that got none (an idle worker's claims are its heartbeats)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: OrderedDict[str, float] = OrderedDict()
+
+    def due(self, worker: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.pop(worker, None)
+            due = last is None or now - last >= REGISTER_EVERY_SECONDS
+            self._last[worker] = now if due else last
+            while len(self._last) > KEPT_POSITIONS:
+                self._last.popitem(last=False)
+            return due
+
+
+_registrations = _Registrations()
+
+
 def claim(worker: str, agent: str, *, limit: int, lease_seconds: float) -> list[Claimed]:
     """Lease up to ``limit`` due tasks of ``agent`` to the remote ``worker`` and start
     them, as runworker's claim does; the worker is registered (or kept alive) in the
     same transaction."""
     with transaction.atomic():
-        leasing.prepare_claim_transaction()
+        clock = leasing.prepare_claim_transaction()
         tasks = leasing.claim_tasks(
             owner=worker,
             agents=[agent],
@@ -138,24 +165,23 @@ def claim(worker: str, agent: str, *, limit: int, lease_seconds: float) -> list[
             now=None,
             position=_positions.of(worker),
         )
-        ends = leasing.lease_end(lease_seconds, None) if tasks else None
-        _register(worker, [agent], limit, lease_seconds, known=[t.id for t in tasks])
-    return _with_payloads(worker, tasks, ends)
+        if _registrations.due(worker) or not tasks:
+            _register(worker, [agent], limit, lease_seconds, known=[t.id for t in tasks])
+    return _with_payloads(worker, tasks, clock + timedelta(seconds=lease_seconds))
 
 
 def claim_one(worker: str, task_id: UUID, agent: str, *, lease_seconds: float) -> Claimed:
     """Lease the task ``task_id`` (of ``agent``) to ``worker`` if it can start now;
     :class:`NotClaimable` says why not."""
     with transaction.atomic():
-        leasing.prepare_claim_transaction()
+        clock = leasing.prepare_claim_transaction()
         task = leasing.claim_task(
             owner=worker, task_id=task_id, agent=agent, lease_seconds=lease_seconds, now=None
         )
         if task is None:
             raise _why_not(task_id)
-        ends = leasing.lease_end(lease_seconds, None)
         _register(worker, [agent], 1, lease_seconds, known=[task.id])
-    claimed = _with_payloads(worker, [task], ends)
+    claimed = _with_payloads(worker, [task], clock + timedelta(seconds=lease_seconds))
     if not claimed:
         raise NotClaimable("payload_unavailable", "the task's payload could not be read")
     return claimed[0]
@@ -264,12 +290,32 @@ def heartbeat(
     return held.get(task_id)
 
 
-def record(reports: Sequence[Reported]) -> dict[UUID, Recorded]:
+class NotYours(Exception):
+    """The ``index``-th report is about a task that does not exist (``agent`` None) or
+    is of an agent the caller may not act as."""
+
+    def __init__(self, index: int, agent: str | None) -> None:
+        super().__init__(f"report {index}: task of {agent or 'no agent'}")
+        self.index = index
+        self.agent = agent
+
+
+def record(
+    reports: Sequence[Reported], agents: Collection[str] | None = None
+) -> dict[UUID, Recorded]:
     """Write what remote workers reported, each as the holder of its lease, through the
     outcome writer's statements; a report whose lease is no longer held is refused
-    (status None) and changes nothing. :class:`InvalidOutcome` for a result the queue
-    cannot store, before anything is written."""
+    (status None) and changes nothing. Before anything is written: :class:`NotYours`
+    for a task that does not exist or is not of ``agents`` (when given), and
+    :class:`InvalidOutcome` for a result the queue cannot store."""
     holders = leasing.lease_holders([(r.task_id, r.lease_token) for r in reports])
+    # Only the tasks whose lease is not held need their agent looked up (rarely any).
+    others = leasing.agents_of([r.task_id for r in reports if r.task_id not in holders])
+    for index, report in enumerate(reports):
+        holder = holders.get(report.task_id)
+        agent = holder.task.agent_name if holder else others.get(report.task_id)
+        if agent is None or (agents is not None and agent not in agents):
+            raise NotYours(index, agent)
     by_owner: dict[str, list[Outcome]] = {}
     releases: dict[str, list[tuple[UUID, UUID]]] = {}
     for index, report in enumerate(reports):

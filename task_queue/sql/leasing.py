@@ -60,8 +60,10 @@ def _set_claim_settings(is_local: bool) -> str:
 # For as long as the connection lasts: a worker's fetch loop, whose connection is its own.
 PREPARE_CLAIM_SESSION = _set_claim_settings(False)
 # Until the transaction ends: a claim on a connection others use after it (the web
-# server's pool, for the worker protocol over HTTP), which must not keep them.
-PREPARE_CLAIM_TRANSACTION = _set_claim_settings(True)
+# server's pool, for the worker protocol over HTTP), which must not keep them. It also
+# reads the transaction's clock (now(): its start), which every claim statement in it
+# uses, so that the caller knows when the leases it grants end without asking again.
+PREPARE_CLAIM_TRANSACTION = f"{_set_claim_settings(True)}, now()"
 
 
 def prepare_claim_session() -> None:
@@ -106,10 +108,12 @@ def prepare_claim_session() -> None:
     remake_plans_when_grown("tasks")
 
 
-def prepare_claim_transaction() -> None:
+def prepare_claim_transaction() -> datetime:
     """The claim's settings until the current transaction ends (call it inside one),
-    for a connection that is not the claimer's own: the web server's, from its pool."""
-    execute(PREPARE_CLAIM_TRANSACTION, {})
+    for a connection that is not the claimer's own: the web server's, from its pool.
+    Returns the transaction's clock: a lease granted in it for L seconds ends at this
+    time plus L."""
+    return fetch(PREPARE_CLAIM_TRANSACTION, {})[0][-1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,15 +337,6 @@ def why_not_claimable(task_id: UUID, now: datetime | None) -> tuple[str, bool, b
     return rows[0] if rows else None
 
 
-LEASE_END = f"SELECT {NOW} + make_interval(secs => %(lease_seconds)s)"
-
-
-def lease_end(lease_seconds: float, now: datetime | None) -> datetime:
-    """When a lease granted in this transaction for ``lease_seconds`` ends: every claim
-    statement of a transaction has its clock (``now()`` is the transaction's start)."""
-    return fetch(LEASE_END, {"lease_seconds": lease_seconds, "now": now})[0][0]
-
-
 # The held tasks, each with the progress its handler reported since the last
 # heartbeat: a NULL fraction means nothing new, and leaves its columns as they are.
 HELD_WITH_PROGRESS = (
@@ -513,6 +508,14 @@ def lease_holders(held: Sequence[tuple[UUID, UUID]]) -> dict[UUID, LeaseHolder]:
         )  # fmt: skip
         holders[task_id] = LeaseHolder(owner, lease_seconds, task)
     return holders
+
+
+AGENTS_OF = "SELECT id, agent_name FROM tasks WHERE id = ANY(%(ids)s::uuid[])"
+
+
+def agents_of(ids: Sequence[UUID]) -> dict[UUID, str]:
+    """The agent of each of these tasks that exists."""
+    return dict(fetch(AGENTS_OF, {"ids": list(ids)})) if ids else {}
 
 
 DELETE_WORKER = "DELETE FROM workers WHERE worker_id = %(owner)s"

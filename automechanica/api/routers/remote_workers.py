@@ -21,7 +21,7 @@ from task_queue.agent import progress_report
 from task_queue.models import Task
 from task_queue.task_specs import MAX_KEY_LENGTH
 
-from ..agents import require_agent, visible
+from ..agents import require_agent, token_agents, visible
 from ..auth import WRITE
 from ..errors import ERROR_RESPONSES, ApiError
 from ..long_poll import LONG_POLL
@@ -167,8 +167,7 @@ def fail_task(request: HttpRequest, task_id: UUID, body: FailRequest):
 
 
 def _one(request: HttpRequest, report: remote.Reported) -> dict[str, Any]:
-    _task_agents(request, [report.task_id], "task_id")
-    recorded = _record([report], lambda _index, field: field)[report.task_id]
+    recorded = _record(request, [report], lambda _index, field: field)[report.task_id]
     if recorded.status is None:
         raise _lease_lost("lease_token")
     return {"task_id": report.task_id, **vars(recorded)}
@@ -181,10 +180,10 @@ def report_outcomes(request: HttpRequest, body: OutcomesRequest):
     status, or ``error.code`` ``lease_lost`` (nothing written for it).
     A task of another agent than the token's is 403 for the whole request, and an
     unstorable result 413/422, before anything is written."""
-    ids = [outcome.task_id for outcome in body.outcomes]
-    _task_agents(request, ids, "outcomes[{index}].task_id")
     recorded = _record(
-        [_reported(o) for o in body.outcomes], lambda index, field: f"outcomes[{index}].{field}"
+        request,
+        [_reported(o) for o in body.outcomes],
+        lambda index, field: f"outcomes[{index}].{field}",
     )
     results = []
     for outcome in body.outcomes:
@@ -209,9 +208,20 @@ def _reported(outcome: OutcomeIn) -> remote.Reported:
     )
 
 
-def _record(reports: list[remote.Reported], path: Any) -> dict[UUID, remote.Recorded]:
+def _record(
+    request: HttpRequest, reports: list[remote.Reported], path: Any
+) -> dict[UUID, remote.Recorded]:
     try:
-        return remote.record(reports)
+        return remote.record(reports, token_agents(request))
+    except remote.NotYours as refused:
+        field = path(refused.index, "task_id")
+        if refused.agent is None:
+            message = f"{field}: no such task"
+            errors = [(field, "no such task")]
+            raise ApiError(404, "not_found", message, field_errors=errors) from None
+        why = "is a task of an agent this token is not bound to"
+        errors = [(field, why)]
+        raise ApiError(403, "agent_not_allowed", f"{field}: {why}", field_errors=errors) from None
     except remote.InvalidOutcome as invalid:
         field = path(invalid.index, invalid.field)
         status, code = (

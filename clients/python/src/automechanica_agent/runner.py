@@ -69,7 +69,11 @@ class Runner:
         # Claims have a client of their own (its long polls outlast the others' timeouts).
         self._claims = Api(url, token, timeout=wait_seconds + 30)
         self._api = Api(url, token)
+        # Leases held, until their outcome is acknowledged (heartbeats go to these).
         self._held: dict[str, Task] = {}
+        # Tasks handed to a handler thread and not yet finished: a slot each. A finished
+        # task's outcome is sent while the next claim runs, as runworker writes one.
+        self._running = 0
         self._settled: set[str] = set()
         self._lock = threading.Lock()
         self._slot_free = threading.Event()
@@ -139,7 +143,7 @@ class Runner:
 
     def _claim_loop(self) -> None:
         while not self._stopping.is_set():
-            free = self.concurrency - len(self._held)
+            free = self.concurrency - self._running
             if free <= 0:
                 self._slot_free.wait(1.0)
                 self._slot_free.clear()
@@ -168,6 +172,8 @@ class Runner:
             if self._settle(task):
                 self._report(task, {"status": "released"})
             return
+        with self._lock:
+            self._running += 1
         self._work.put(task)
 
     # ------------------------------------------------------------ handling
@@ -189,6 +195,10 @@ class Runner:
             outcome = self._stopped(task) if task.stop_reason else _failure(error)
         else:
             outcome = self._stopped(task) if task.stop_reason else _completion(result)
+        finally:
+            with self._lock:
+                self._running -= 1
+            self._slot_free.set()
         if outcome is None:  # the lease was lost: nothing to report, the slot is free
             self._forget(task.id)
         elif self._settle(task):
