@@ -128,21 +128,23 @@ _positions = _Positions()
 
 
 class _Registrations:
-    """When this process last registered each remote worker. Under load a worker claims
-    many times a second; its row is written at most every REGISTER_EVERY_SECONDS by
-    claims that got tasks (its tasks then show on /workers/ up to that late), and by
-    every claim that got none (an idle worker's claims are its heartbeats)."""
+    """When this process last registered each remote worker, and whether it held tasks
+    then. Under load a worker claims many times a second: its row is written by a claim
+    that got tasks when it showed none, and then at most every REGISTER_EVERY_SECONDS
+    (its newest tasks show on /workers/ up to that late); by every claim that got none
+    (an idle worker's claims are its heartbeats)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._last: OrderedDict[str, float] = OrderedDict()
 
-    def due(self, worker: str) -> bool:
+    def due(self, worker: str, busy: bool) -> bool:
         now = time.monotonic()
         with self._lock:
             last = self._last.pop(worker, None)
-            due = last is None or now - last >= REGISTER_EVERY_SECONDS
-            self._last[worker] = now if due else last
+            due = not busy or last is None or now - last >= REGISTER_EVERY_SECONDS
+            if busy:
+                self._last[worker] = now if due else last
             while len(self._last) > KEPT_POSITIONS:
                 self._last.popitem(last=False)
             return due
@@ -165,7 +167,7 @@ def claim(worker: str, agent: str, *, limit: int, lease_seconds: float) -> list[
             now=None,
             position=_positions.of(worker),
         )
-        if _registrations.due(worker) or not tasks:
+        if _registrations.due(worker, busy=bool(tasks)):
             _register(worker, [agent], limit, lease_seconds, known=[t.id for t in tasks])
     return _with_payloads(worker, tasks, clock + timedelta(seconds=lease_seconds))
 

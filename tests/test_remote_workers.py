@@ -118,7 +118,8 @@ def test_a_long_poll_with_nothing_due_answers_empty_at_its_deadline(live_servers
 
 
 def test_waiting_long_polls_hold_no_thread_and_no_connection(live_servers):
-    server = live_servers(WEB_DB_POOL_MAX_SIZE="4")
+    # Leases of 6 s: the wake-ups mark the waiting workers alive every 2 s.
+    server = live_servers(WEB_DB_POOL_MAX_SIZE="4", QUEUE_LEASE_SECONDS="6")
     key = token("write")
     daphne = psutil.Process(server.process.pid)
     claim(server, key)  # the server has made its pool and its LISTEN
@@ -152,9 +153,24 @@ def test_waiting_long_polls_hold_no_thread_and_no_connection(live_servers):
         what="the server's connections: its pool of 4, and the wake-ups' LISTEN",
         describe=_server_connections,
     )
-    operations.enqueue("EchoAgent", "echo")  # wakes them all; one gets it
+    # The waiting workers stay alive: one statement a tick marks them all, no claim.
+    first = dict(Worker.objects.filter(worker_id__startswith="poll:").values_list(
+        "worker_id", "last_heartbeat_at"))  # fmt: skip
+    wait_for(
+        lambda: all(
+            seen > first[worker]
+            for worker, seen in Worker.objects.filter(worker_id__in=first).values_list(
+                "worker_id", "last_heartbeat_at"
+            )
+        ),
+        timeout=10,
+        what="every waiting worker's heartbeat time to move",
+    )
+    for _ in range(40):  # one each: a task wakes one claim
+        operations.enqueue("EchoAgent", "echo")
     for poll in polls:
         poll.join(60)
+    assert Task.objects.filter(status="running").count() == 40
 
 
 def _server_connections() -> int:

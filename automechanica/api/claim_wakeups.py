@@ -20,7 +20,12 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+
 from task_queue.listen import listening_async
+from task_queue.sql import leasing
 from task_queue.sql.channels import NOTIFY_CHANNEL
 
 logger = logging.getLogger(__name__)
@@ -31,16 +36,22 @@ RECONNECT_SECONDS = 1.0
 class ClaimWakeups:
     def __init__(self) -> None:
         self._waiting: dict[str, set[asyncio.Event]] = {}
+        # Remote workers with a claim waiting here: how many claims each.
+        self._workers: dict[str, int] = {}
         self._task: asyncio.Task | None = None
+        self._toucher: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.listening = asyncio.Event()
 
     @contextlib.asynccontextmanager
-    async def subscribe(self, agent: str) -> AsyncIterator[asyncio.Event]:
-        """An event set when a task of ``agent`` may have become due."""
+    async def subscribe(self, agent: str, worker: str | None) -> AsyncIterator[asyncio.Event]:
+        """An event set when a task of ``agent`` may have become due; meanwhile the
+        ``worker`` (its name, if the request gave one) is kept alive on /workers/."""
         self._start()
         woken = asyncio.Event()
         self._waiting.setdefault(agent, set()).add(woken)
+        if worker is not None:
+            self._workers[worker] = self._workers.get(worker, 0) + 1
         try:
             yield woken
         finally:
@@ -48,15 +59,20 @@ class ClaimWakeups:
             waiting.discard(woken)
             if not waiting:
                 self._waiting.pop(agent, None)
+            if worker is not None:
+                self._workers[worker] -= 1
+                if not self._workers[worker]:
+                    del self._workers[worker]
 
     def _start(self) -> None:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # a new event loop (tests)
-            self._loop, self._task = loop, None
+            self._loop, self._task, self._toucher = loop, None, None
             self.listening = asyncio.Event()
-            self._waiting = {}
+            self._waiting, self._workers = {}, {}
         if self._task is None:
             self._task = loop.create_task(self._run())
+            self._toucher = loop.create_task(self._touch())
 
     def _wake(self, agent: str | None, passing: asyncio.Event | None = None) -> None:
         """Wake one claim waiting for ``agent`` (None: every waiting claim). One
@@ -78,6 +94,18 @@ class ClaimWakeups:
         (not the claim's own ``passing`` subscription)."""
         self._wake(agent, passing)
 
+    async def _touch(self) -> None:
+        """Every third of a lease (as runworker heartbeats), one statement marks every
+        worker waiting here alive, on a pooled connection given back at once."""
+        while True:
+            await asyncio.sleep(settings.QUEUE_LEASE_SECONDS / 3)
+            if not self._workers:
+                continue
+            try:
+                await sync_to_async(_touch, thread_sensitive=False)(list(self._workers))
+            except Exception as error:  # the next tick tries again
+                logger.warning("marking waiting workers alive failed (%r)", error)
+
     async def _run(self) -> None:
         while True:
             try:
@@ -90,6 +118,13 @@ class ClaimWakeups:
                 self.listening.clear()
                 logger.warning("claim wake-ups failed (%r); reconnecting", error)
                 await asyncio.sleep(RECONNECT_SECONDS)
+
+
+def _touch(workers: list[str]) -> None:
+    try:
+        leasing.touch_workers(workers)
+    finally:
+        close_old_connections()  # the pooled connection goes back
 
 
 wakeups = ClaimWakeups()

@@ -9,8 +9,9 @@ event loop, between two runs of the ordinary view:
 1. subscribe to the agent's wake-ups (``claim_wakeups``), then run the request
    through Django with a :class:`LongPoll` in its scope, keeping the answer back;
 2. if the view found nothing due and asked to wait (``LongPoll.wait``), drop that
-   answer, wait for a wake-up, the next task's due time, a re-registration tick or
-   the deadline, with no thread and no connection, and run the request again;
+   answer, wait for a wake-up, the next task's due time or the deadline, with no
+   thread and no connection, and run the request again (the wake-ups keep a waiting
+   worker's row alive meanwhile, one statement a tick for all of them);
 3. otherwise send the answer.
 
 Every run authenticates and claims afresh, so a revoked token or a paused agent takes
@@ -21,12 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from django.conf import settings
+
+from task_queue.storable import text_problem
 
 from .claim_wakeups import wakeups
 
@@ -47,7 +51,8 @@ class LongPoll:
     """What the claim view tells the wrapper: wait (until when, and when the agent's
     next task falls due), or answer now."""
 
-    def __init__(self) -> None:
+    def __init__(self, worker: str | None) -> None:
+        self.worker = worker
         self.started = time.monotonic()
         self.deadline: float | None = None
         self.due_in: float | None = None
@@ -66,9 +71,9 @@ class LongPoll:
     def timeout(self, listening: bool) -> float:
         """How long the next wait may last."""
         remaining = self.deadline - time.monotonic()
-        # A waiting worker is re-registered (its row on /workers/ kept fresh) at every
-        # run: at least every third of a lease, as runworker heartbeats.
-        limits = [remaining, settings.QUEUE_LEASE_SECONDS / 3]
+        # A waiting worker named in its request is kept alive by the wake-ups' ticks;
+        # one that is not (a body the view refused) runs again every third of a lease.
+        limits = [remaining] if self.worker else [remaining, settings.QUEUE_LEASE_SECONDS / 3]
         if self.due_in is not None:
             # A task already due that the claim could not take (another transaction has
             # it locked) is tried again shortly, not in a loop.
@@ -97,12 +102,12 @@ async def _claim(app: App, scope: Scope, receive: Any, send: Any, agent: str) ->
         return  # the client hung up before its request was whole
     hung_up = asyncio.Event()
     watcher = asyncio.create_task(_watch_disconnect(receive, hung_up))
-    poll = LongPoll()
+    poll = LongPoll(_worker_of(body))
     try:
         woken_before = False
         while True:
             answer: list[Message] = []
-            async with wakeups.subscribe(agent) as woken:
+            async with wakeups.subscribe(agent, poll.worker) as woken:
                 poll.waiting = False
                 await app({**scope, LONG_POLL: poll}, _replay(body, hung_up), _keep(answer))
                 if woken_before and (not poll.waiting or hung_up.is_set()):
@@ -121,6 +126,18 @@ async def _claim(app: App, scope: Scope, receive: Any, send: Any, agent: str) ->
             await send(message)
     finally:
         watcher.cancel()
+
+
+def _worker_of(body: bytes) -> str | None:
+    """The worker's name in the claim's body, if it has one the view will take (the
+    view checks the body itself; this only says whom the wait keeps alive)."""
+    try:
+        worker = json.loads(body).get("worker")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(worker, str) or not 0 < len(worker) <= 200 or text_problem(worker):
+        return None
+    return worker
 
 
 async def _read_body(receive: Any) -> bytes | None:

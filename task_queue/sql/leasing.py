@@ -510,6 +510,19 @@ def lease_holders(held: Sequence[tuple[UUID, UUID]]) -> dict[UUID, LeaseHolder]:
     return holders
 
 
+# Remote workers waiting in a long poll are alive: one statement a tick for all of a
+# server's waiting workers (automechanica.api.claim_wakeups), not a claim each.
+TOUCH_WORKERS = f"""
+UPDATE workers SET last_heartbeat_at = {NOW}
+WHERE worker_id = ANY(%(owners)s::text[])
+"""
+
+
+def touch_workers(owners: Sequence[str], now: datetime | None = None) -> int:
+    """Record that these workers are alive (their rows' heartbeat time); how many."""
+    return execute(TOUCH_WORKERS, {"owners": list(owners), "now": now}) if owners else 0
+
+
 AGENTS_OF = "SELECT id, agent_name FROM tasks WHERE id = ANY(%(ids)s::uuid[])"
 
 
