@@ -228,6 +228,14 @@ class DashboardBench(Check):
 class QueueBench(Check):
     def verify(self, opts: dict[str, Any], state: None, run: Run) -> None:
         report = json.loads(run.output)  # the bench removes its tasks after
+        if opts.get("remote"):  # both runs, and their ratio
+            assert report["remote_to_in_process"] > 0
+            for part in ("in_process", "remote"):
+                self._verify_run(opts, report[part])
+            return
+        self._verify_run(opts, report)
+
+    def _verify_run(self, opts: dict[str, Any], report: dict[str, Any]) -> None:
         assert report["tasks"] == opts["tasks"] and report["drain_tasks_per_s"] > 0
         assert report["pickup_latency_ms"]["samples"] == opts["latency_samples"]
         assert report["machine"]["cpus"] and report["machine"]["postgresql"]
