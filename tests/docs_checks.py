@@ -24,6 +24,7 @@ from django.db.models.functions import Now
 from django.utils.dateparse import parse_datetime
 
 from agents_app.models import AgentEvent
+from automechanica.api.models import ApiToken
 from automechanica.api.tokens import find_active_token
 from task_queue.models import EventRelayCursor, OutboxEvent, Task, Worker, Workflow
 from task_queue.operations import enqueue
@@ -228,10 +229,14 @@ class DashboardBench(Check):
 class QueueBench(Check):
     def verify(self, opts: dict[str, Any], state: None, run: Run) -> None:
         report = json.loads(run.output)  # the bench removes its tasks after
-        if opts.get("remote"):  # both runs, and their ratio
-            assert report["remote_to_in_process"] > 0
+        if opts.get("remote"):  # both runs, and their ratio; its token is deleted after
+            assert report["remote_to_in_process"] == round(
+                report["remote"]["drain_tasks_per_s"] / report["in_process"]["drain_tasks_per_s"],
+                3,
+            )
             for part in ("in_process", "remote"):
                 self._verify_run(opts, report[part])
+            assert not ApiToken.objects.filter(name="queue_bench remote").exists()
             return
         self._verify_run(opts, report)
 

@@ -60,21 +60,3 @@ def test_the_drain_ends_while_another_producers_task_waits(another_producer, mon
     assert report["tasks"] == 300 and report["drain_tasks_per_s"] > 0
     waiting = fetch("SELECT status FROM tasks WHERE workflow_id IS NULL AND task_type = 'echo'", {})
     assert waiting and {status for (status,) in waiting} == {"pending"}
-
-
-def test_the_remote_drain_runs_through_the_api_with_the_agent_client(monkeypatch) -> None:
-    """queue_bench --remote: the same run again with the agent client's processes over
-    a real daphne; every task is drained and both drains are reported."""
-    monkeypatch.setenv("DATABASE_URL", database_url())  # for daphne and the workers
-    config = bench.BenchConfig(
-        tasks=200, workers=1, concurrency=10, latency_samples=3, timeout=120, remote=True
-    )
-    report = bench.run(config)
-    assert set(report) == {"in_process", "remote", "remote_to_in_process"}
-    remote = report["remote"]
-    assert remote["tasks"] == 200 and remote["drain_tasks_per_s"] > 0
-    assert remote["pickup_latency_ms"]["samples"] == 3
-    assert report["remote_to_in_process"] == round(
-        remote["drain_tasks_per_s"] / report["in_process"]["drain_tasks_per_s"], 3
-    )
-    assert fetch("SELECT count(*) FROM api_tokens WHERE name = 'queue_bench remote'", {}) == [(0,)]
