@@ -36,6 +36,7 @@ from django.db import transaction
 
 from task_queue.sql import leasing
 from task_queue.sql import outcomes as outcomes_sql
+from task_queue.sql.enqueue import notify_agents
 
 from . import blobs, registry
 from .agent import Agent, default_summary
@@ -128,26 +129,31 @@ _positions = _Positions()
 
 
 class _Registrations:
-    """When this process last registered each remote worker, and whether it held tasks
-    then. Under load a worker claims many times a second: its row is written by a claim
-    that got tasks when it showed none, and then at most every REGISTER_EVERY_SECONDS
-    (its newest tasks show on /workers/ up to that late); by every claim that got none
-    (an idle worker's claims are its heartbeats)."""
+    """When this process last registered each remote worker, and the tasks its claims
+    took since. Under load a worker claims many times a second: its row is written by
+    a claim that got tasks when it showed none, then at most every
+    REGISTER_EVERY_SECONDS with every task taken since (its newest show on /workers/
+    up to that late); and by every claim that got none (an idle worker's claims are
+    its heartbeats)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._last: OrderedDict[str, float] = OrderedDict()
+        self._last: OrderedDict[str, tuple[float, list[UUID]]] = OrderedDict()
 
-    def due(self, worker: str, busy: bool) -> bool:
+    def due(self, worker: str, taken: list[UUID]) -> list[UUID] | None:
+        """The tasks to register the worker with now, or None to leave its row as is."""
         now = time.monotonic()
         with self._lock:
-            last = self._last.pop(worker, None)
-            due = not busy or last is None or now - last >= REGISTER_EVERY_SECONDS
-            if busy:
-                self._last[worker] = now if due else last
+            last, pending = self._last.pop(worker, (None, []))
+            pending = [*pending, *taken]
+            if taken and last is not None and now - last < REGISTER_EVERY_SECONDS:
+                self._last[worker] = (last, pending)
+                return None
+            if taken:
+                self._last[worker] = (now, [])
             while len(self._last) > KEPT_POSITIONS:
                 self._last.popitem(last=False)
-            return due
+            return pending
 
 
 _registrations = _Registrations()
@@ -167,8 +173,9 @@ def claim(worker: str, agent: str, *, limit: int, lease_seconds: float) -> list[
             now=None,
             position=_positions.of(worker),
         )
-        if _registrations.due(worker, busy=bool(tasks)):
-            _register(worker, [agent], limit, lease_seconds, known=[t.id for t in tasks])
+        known = _registrations.due(worker, [t.id for t in tasks])
+        if known is not None:
+            _register(worker, [agent], limit, lease_seconds, known=known)
     return _with_payloads(worker, tasks, clock + timedelta(seconds=lease_seconds))
 
 
@@ -260,6 +267,12 @@ def _with_payloads(
     return claimed
 
 
+def release_unread(held: Sequence[tuple[UUID, UUID]]) -> None:
+    """Give back tasks a claim took for a client that left before reading its answer."""
+    reports = [Reported(task_id, token, released=True) for task_id, token in held]
+    record(reports)
+
+
 def heartbeat(
     task_id: UUID,
     lease_token: UUID,
@@ -333,6 +346,13 @@ def record(
         with transaction.atomic():
             outcomes_sql.prepare_outcome_transaction()
             written |= write_outcomes(owner, outcomes, None)
+    retried = {
+        holders[t].task.agent_name for t, (status, _) in written.items() if status == "pending"
+    }
+    if retried:
+        # A retry is due after its backoff, with no notification of its own: a waiting
+        # claim of the agent, woken now, reads when (``next_due_at``) and waits for it.
+        notify_agents(sorted(retried))
     for owner, held in releases.items():
         written |= {
             task_id: (status, None) for task_id, status in release(owner, held, None).items()

@@ -1,8 +1,9 @@
 """Wake-ups for long-polling claims: one per server process.
 
 Whatever the number of waiting claims, a process costs the database one LISTEN on the
-workers' channel (``NOTIFY_CHANNEL``: an enqueue, a retry or revive, a freed slot of a
-limited agent each notify the agent's name, in the writer's transaction), through the
+workers' channel (``NOTIFY_CHANNEL``: an enqueue, a revive, a release, a freed slot of
+a limited agent, and a retry reported over the worker protocol each notify the
+agent's name, in the writer's transaction), through the
 one LISTEN loop (``task_queue.listen``). A claim subscribes to its agent before it
 claims, so a task that commits between its empty claim and its wait still wakes it.
 

@@ -27,9 +27,13 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+from uuid import UUID
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import close_old_connections
 
+from task_queue import remote
 from task_queue.storable import text_problem
 
 from .claim_wakeups import wakeups
@@ -110,10 +114,13 @@ async def _claim(app: App, scope: Scope, receive: Any, send: Any, agent: str) ->
             async with wakeups.subscribe(agent, poll.worker) as woken:
                 poll.waiting = False
                 await app({**scope, LONG_POLL: poll}, _replay(body, hung_up), _keep(answer))
-                if woken_before and (not poll.waiting or hung_up.is_set()):
-                    # Woken, it got tasks (more may be due) or will not use its turn.
+                answering = not poll.waiting or hung_up.is_set()
+                if answering and (woken_before or woken.is_set()):
+                    # A wake-up (before this run, or during it) that this claim will not
+                    # wait on again: it got tasks (more may be due), failed, or its
+                    # client left. The next waiting claim gets it.
                     wakeups.pass_on(agent, woken)
-                if not poll.waiting or hung_up.is_set():
+                if answering:
                     break
                 timeout = poll.timeout(wakeups.listening.is_set())
                 await _first(woken.wait(), hung_up.wait(), timeout=timeout)
@@ -122,10 +129,29 @@ async def _claim(app: App, scope: Scope, receive: Any, send: Any, agent: str) ->
                 if woken_before:
                     wakeups.pass_on(agent, woken)
                 return
+        if hung_up.is_set():
+            # The client left while its claim ran: give back what it took (else the
+            # tasks would stay leased to no one until their leases end).
+            await sync_to_async(_release_unread, thread_sensitive=False)(answer)
+            return
         for message in answer:
             await send(message)
     finally:
         watcher.cancel()
+
+
+def _release_unread(answer: list[Message]) -> None:
+    body = b"".join(m.get("body", b"") for m in answer if m["type"] == "http.response.body")
+    try:
+        tasks = json.loads(body).get("tasks") or []
+        held = [(UUID(t["id"]), UUID(t["lease_token"])) for t in tasks]
+    except (ValueError, AttributeError, KeyError, TypeError):
+        return  # not a claim's answer (an error): nothing was taken
+    if held:
+        try:
+            remote.release_unread(held)
+        finally:
+            close_old_connections()
 
 
 def _worker_of(body: bytes) -> str | None:

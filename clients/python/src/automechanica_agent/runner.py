@@ -143,7 +143,10 @@ class Runner:
 
     def _claim_loop(self) -> None:
         while not self._stopping.is_set():
-            free = self.concurrency - self._running
+            # A slot per handler; and no more leases than twice the slots, finished ones
+            # waiting for their outcome's answer included (a server refusing outcomes
+            # must not have this worker take, and heartbeat, task after task).
+            free = min(self.concurrency - self._running, 2 * self.concurrency - len(self._held))
             if free <= 0:
                 self._slot_free.wait(1.0)
                 self._slot_free.clear()
@@ -183,7 +186,7 @@ class Runner:
             task = self._work.get()
             try:
                 self._handle(task)
-            except Exception:  # a handler thread must outlive any one task
+            except (Exception, SystemExit):  # a handler thread must outlive any one task
                 logger.exception("handling task %s failed", task.id)
 
     def _handle(self, task: Task) -> None:
@@ -199,10 +202,10 @@ class Runner:
             with self._lock:
                 self._running -= 1
             self._slot_free.set()
-        if outcome is None:  # the lease was lost: nothing to report, the slot is free
-            self._forget(task.id)
-        elif self._settle(task):
+        if outcome is not None and self._settle(task):
             self._report(task, outcome)
+        elif task.stop_reason == "lease lost":  # nothing to report: the lease is free
+            self._forget(task.id)
 
     def _stopped(self, task: Task) -> dict[str, Any] | None:
         """What a task stopped from outside reports: a cancelled one a failure (the
