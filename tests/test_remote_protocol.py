@@ -5,6 +5,7 @@ SIGSTOP, and the long poll against a real daphne: tests/test_remote_workers.py.)
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import timedelta
 
@@ -333,3 +334,52 @@ def test_a_released_task_goes_back_pending_without_an_attempt(agent_api, api):
     assert (row.status, row.attempts, row.lease_token) == ("pending", 0, None)
     again = agent_api.post("/api/v1/outcomes", body).json()["results"]
     assert [r["error"]["code"] for r in again] == ["lease_lost", "lease_lost"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_whose_client_left_during_its_run_gives_its_tasks_back():
+    """The long poll's wrapper around the real Django application: the client hangs up
+    while the claim's view runs (it took the task); the wrapper must not leave the task
+    leased to no one."""
+    import asyncio
+
+    from django.core.asgi import get_asgi_application
+
+    from automechanica.api.long_poll import long_polling
+
+    task = operations.enqueue("EchoAgent", "echo")
+    django_app = get_asgi_application()
+    gone = asyncio.Event()
+
+    async def client_leaves_during_the_run(scope, receive, send):
+        await django_app(scope, receive, send)
+        gone.set()  # the client hangs up as the view finishes
+        for _ in range(3):
+            await asyncio.sleep(0)  # the wrapper's watcher hears it
+
+    body = json.dumps({"worker": "leaving:1", "wait_seconds": 5}).encode()
+    sent: list[dict] = []
+    bodies = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive():
+        if bodies:
+            return bodies.pop()
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http", "method": "POST", "path": "/api/v1/agents/EchoAgent/claim",
+        "raw_path": b"/api/v1/agents/EchoAgent/claim", "query_string": b"", "root_path": "",
+        "scheme": "http", "server": ("testserver", 80), "client": ("127.0.0.1", 1),
+        "headers": [(b"authorization", f"Bearer {token('write')}".encode()),
+                    (b"content-type", b"application/json"), (b"host", b"testserver")],
+    }  # fmt: skip
+    asyncio.run(long_polling(client_leaves_during_the_run)(scope, receive, send))
+    assert sent == []  # nothing was sent to a client that had gone
+    row = Task.objects.get(id=task.id)
+    assert (row.status, row.attempts, row.lease_token) == ("pending", 0, None)
+    events = list(TaskHistory.objects.filter(task_id=task.id).values_list("event", flat=True))
+    assert events == ["released"]
