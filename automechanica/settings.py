@@ -169,6 +169,9 @@ QUEUE_STALE_WORKER_SECONDS = float(
 # 1.22, whose DEALLOCATE ALL psycopg sends after a rollback, or without
 # max_prepared_statements).
 QUEUE_PREPARED_STATEMENTS = env_bool(os.environ, "QUEUE_PREPARED_STATEMENTS", True)
+# relay_events --dispatch publishes again, a batch at a time, the commands of tasks due
+# and still unclaimed this long (a command a broker lost; task_queue.relay.dispatcher).
+QUEUE_DISPATCH_REPUBLISH_SECONDS = float(os.environ.get("QUEUE_DISPATCH_REPUBLISH_SECONDS", 60))
 # Metric rollups (task_queue.metrics): a bucket is computed once it ended this long
 # ago (outcomes committing late still land in it), and a first run looks this far back.
 QUEUE_METRICS_GRACE_SECONDS = float(os.environ.get("QUEUE_METRICS_GRACE_SECONDS", 30))

@@ -35,12 +35,18 @@ _STOP = object()
 
 class OutcomeWriter:
     def __init__(
-        self, owner: str, now: Callable[[], datetime | None], written: threading.Event
+        self,
+        owner: str,
+        now: Callable[[], datetime | None],
+        written: threading.Event,
+        on_written: Callable[[list[UUID]], None] = lambda ids: None,
     ) -> None:
-        """``written`` is set after every batch: a retried task may be due at once."""
+        """``written`` is set after every batch: a retried task may be due at once.
+        ``on_written`` gets the tasks of each batch once it is committed (or refused)."""
         self.owner = owner
         self.now = now
         self._written_event = written
+        self._on_written = on_written
         self.written = 0  # outcomes recorded (including refused ones)
         self.refused = 0
         self._unwritten = 0
@@ -124,6 +130,7 @@ class OutcomeWriter:
         self.refused += 1
         self.written += 1
         self._written_event.set()
+        self._on_written([outcome.task.id])
 
     def _write(self, batch: list[Outcome]) -> None:
         outcomes_sql.prepare_outcome_session()
@@ -140,6 +147,7 @@ class OutcomeWriter:
         with self._count_lock:
             self._unwritten -= len(batch)
         self._written_event.set()
+        self._on_written([o.task.id for o in batch])
 
 
 def write_outcomes(

@@ -13,7 +13,10 @@ Threads, and what each one does:
   state and reports cancellation requests and lost leases), and at once when the
   worker starts draining; it runs the reaper, and fails handlers that pass their
   agent's timeout;
-- the listener turns notifications into wake-ups (``notifications``).
+- the listener turns notifications into wake-ups (``notifications``);
+- with ``--dispatch``, the follower takes the broker's dispatch commands and claims
+  their tasks by id (``dispatch_follower``); the listener is then off, and the fetch
+  loop claims by itself only at the poll interval, as the fallback for a lost command.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from task_queue.sql import leasing
 
 from . import leases, reaper, registry, task_logging, tracing
 from .claim_position import ClaimPosition
+from .dispatch_follower import DispatchSource, Follower
 from .execution import InFlight, StopReason, deadline_for, run_handler, timed_out
 from .models import WorkerState
 from .notifications import Listener
@@ -58,6 +62,7 @@ class WorkerConfig:
     grace_seconds: float = 10.0
     burst: bool = False
     max_tasks: int | None = None
+    dispatch: DispatchSource | None = None  # a broker's dispatch commands to follow
 
 
 class MonitorFailed(RuntimeError):
@@ -89,11 +94,17 @@ class Worker:
         self.monitor_failure: Exception | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._claim_lock = threading.Lock()  # the fetch loop's claims and the follower's
         self._stopping = threading.Event()
         self._monitor_stop = threading.Event()
         self._work: queue.SimpleQueue[InFlight | None] = queue.SimpleQueue()
-        self._writer = OutcomeWriter(self.id, now, written=self._wake)
-        self._listener = Listener(self.agents, self._wake)
+        self._follower = (
+            Follower(config.dispatch, self, config.agents, prefetch=config.concurrency)
+            if config.dispatch is not None
+            else None
+        )
+        self._writer = OutcomeWriter(self.id, now, written=self._wake, on_written=self._settled)
+        self._listener = Listener(self.agents, self._wake) if self._follower is None else None
         self._process = psutil.Process()  # for the memory the heartbeat reports
         # Once the worker's row is deleted no heartbeat writes it again (the upsert
         # would bring back a stale row): the lock orders a heartbeat in flight first.
@@ -105,14 +116,17 @@ class Worker:
     def run(self) -> WorkerReport:
         """Work until stopped (or, with ``burst``/``max_tasks``, until done)."""
         self._writer.start()
-        self._listener.start()
-        if not self._listener.ready.wait(10):
-            logger.warning("LISTEN not in effect after 10 s; relying on polling")
+        if self._listener is not None:
+            self._listener.start()
+            if not self._listener.ready.wait(10):
+                logger.warning("LISTEN not in effect after 10 s; relying on polling")
         for i in range(self.config.concurrency):
             threading.Thread(target=self._handle_loop, name=f"handler-{i}", daemon=True).start()
         self._heartbeat()  # registers the worker before it takes any task
         monitor = threading.Thread(target=self._monitor_loop, name="monitor", daemon=True)
         monitor.start()
+        if self._follower is not None:
+            self._follower.start()
         logger.info(
             "worker %s ready: agents %s, concurrency %d",
             self.id,
@@ -152,7 +166,42 @@ class Worker:
                 wait = backoff.next()
                 logger.warning("fetching tasks failed (%s); retrying in %.1f s", error, wait)
                 connection.close()
-            self._wake.wait(wait)
+            if self._follower is None:
+                self._wake.wait(wait)
+            else:  # the fallback: finished tasks free slots for commands, not for this claim
+                self._stopping.wait(wait)
+
+    # ------------------------------------------------------------ dispatch
+
+    def free_slots(self) -> int:
+        """Slots free for a dispatched task (the follower's; thread-safe)."""
+        return self._free_slots()
+
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def claim_dispatched(self, task_id: UUID, agent: str) -> str:
+        """Claim the task a dispatch command names: ``claimed``, ``busy`` (no free
+        slot) or ``not_claimable`` (called on the follower's database thread)."""
+        with self._claim_lock:
+            if self._stopping.is_set() or not self._free_slots():
+                return "busy"
+            task = leasing.claim_task(
+                owner=self.id,
+                task_id=task_id,
+                agent=agent,
+                lease_seconds=self.config.lease_seconds,
+                now=self.now(),
+            )
+            if task is None:
+                return "not_claimable"
+            self._hand_over([task])
+        return "claimed"
+
+    def _settled(self, task_ids: list[UUID]) -> None:
+        """These tasks' outcomes are committed, or the tasks were given back."""
+        if self._follower is not None:
+            self._follower.settled(task_ids)
 
     def _free_slots(self) -> int:
         free = self.config.concurrency - len(self.inflight)
@@ -168,25 +217,32 @@ class Worker:
         return self.config.burst
 
     def _claim_and_dispatch(self, limit: int) -> int:
-        began = tracing.active.claim_began()
-        claimed = leasing.claim_tasks(
-            owner=self.id,
-            agents=list(self.agents),
-            limit=limit,
-            lease_seconds=self.config.lease_seconds,
-            now=self.now(),
-            position=self._claim_position,
-        )
-        if not claimed:
-            return 0
-        tracing.active.claimed(claimed, began, self.id)
+        with self._claim_lock:
+            if self._follower is not None:  # the follower may have taken slots
+                limit = min(limit, self._free_slots())
+            began = tracing.active.claim_began()
+            claimed = leasing.claim_tasks(
+                owner=self.id,
+                agents=list(self.agents),
+                limit=limit,
+                lease_seconds=self.config.lease_seconds,
+                now=self.now(),
+                position=self._claim_position,
+            )
+            if not claimed:
+                return 0
+            tracing.active.claimed(claimed, began, self.id)
+            self._hand_over(claimed)
+        return len(claimed)
+
+    def _hand_over(self, claimed: list[leasing.ClaimedTask]) -> None:
+        """Give claimed tasks to the handler threads."""
         self.claimed += len(claimed)
         flights = [self._in_flight(task) for task in claimed]
         with self._lock:  # held from here on, so the heartbeat extends these leases
             self.inflight.update((f.task.id, f) for f in flights)
         for flight in flights:
             self._work.put(flight)
-        return len(claimed)
 
     def _in_flight(self, task: leasing.ClaimedTask) -> InFlight:
         agent = self.agents[task.agent_name]
@@ -199,6 +255,8 @@ class Worker:
 
     def _idle_wait(self) -> float:
         """Seconds until the next pending task falls due, within the poll interval."""
+        if self._follower is not None:
+            return self.config.poll_seconds  # dispatch commands wake it, not due times
         next_due = leasing.next_due_at(list(self.agents))
         if next_due is None:
             return self.config.poll_seconds
@@ -226,12 +284,16 @@ class Worker:
                     elif flight.stop_reason is not None:
                         reason = flight.stop_reason.value
                         logger.debug("task %s stopped: %s", flight.task.id, reason)
+                        if flight.stop_reason is StopReason.LEASE_LOST:
+                            self._settled([flight.task.id])  # nothing of ours to write
                 finally:
                     tracing.active.task_ended(span, written, flight.stop_reason)
                     task_logging.leave(about)
             finally:
                 self._forget([flight])
                 self._wake.set()
+                if self._follower is not None:
+                    self._follower.slot_freed()
 
     # ------------------------------------------------------------ monitoring
 
@@ -348,9 +410,12 @@ class Worker:
         self._writer.close(timeout=30)
         if unfinished:
             self._release(unfinished)
+        if self._follower is not None:  # after the acks of the outcomes written above
+            self._follower.stop()
         self._monitor_stop.set()
         monitor.join(5)
-        self._listener.stop()
+        if self._listener is not None:
+            self._listener.stop()
         for _ in range(self.config.concurrency):
             self._work.put(None)
         self._deregister()
@@ -387,4 +452,5 @@ class Worker:
             )
             return
         self.released = len(given_back)
+        self._settled([f.task.id for f in flights])
         logger.info("released %d unfinished tasks for other workers", len(given_back))

@@ -15,6 +15,7 @@ import tests.support.agents  # noqa: F401 - registers the test agents in this pr
 from task_queue.sql import leasing
 from task_queue.sql.db import execute
 from tests.support.api import Api, token
+from tests.support.brokers import nats_namespace, rabbitmq_namespace  # noqa: F401 - fixtures
 from tests.support.processes import REPO, ManageProcess, WorkerProcess, manage_env
 from tests.support.server import LiveServer
 from tests.support.waiting import wait_for
@@ -75,13 +76,13 @@ def _show_logs(processes: list[ManageProcess]) -> None:
 
 @pytest.fixture
 def manage_processes(transactional_db, tmp_path) -> Iterator[Callable[..., ManageProcess]]:
-    """Start any ``manage.py`` command as a subprocess; all are killed after."""
+    """Start any ``manage.py`` command as a subprocess (``env=``: variables added); all
+    are killed after."""
     started: list[ManageProcess] = []
 
-    def start(command: str, *args: str) -> ManageProcess:
-        started.append(
-            ManageProcess(command, list(args), tmp_path / f"{command}-{len(started)}.log")
-        )
+    def start(command: str, *args: str, env: dict[str, str] | None = None) -> ManageProcess:
+        log = tmp_path / f"{command}-{len(started)}.log"
+        started.append(ManageProcess(command, list(args), log, env))
         return started[-1]
 
     yield start

@@ -39,7 +39,6 @@ from tests.support.database import database_url
 from tests.support.processes import REPO, manage_env
 from tests.support.server import LiveServer
 from tests.support.waiting import wait_for
-from tests.test_relay import nats_namespace, rabbitmq_namespace  # noqa: F401 - fixtures
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHELL_BLOCKS = {"sh", "bash", "shell", "console"}

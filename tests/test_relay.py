@@ -7,15 +7,13 @@ sharing a broker do not see each other, and removes it after.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,34 +21,24 @@ import pytest
 from task_queue import operations
 from task_queue.models import EventRelayCursor, OutboxEvent, Task
 from task_queue.relay.names import destination_key
+from tests.support.brokers import (
+    AMQP_URL,
+    NATS_URL,
+    jetstream,
+    listening,
+    nats_messages,
+    needs_nats,
+    needs_rabbitmq,
+    rabbitmq,
+    rabbitmq_messages,
+    rabbitmq_queue,
+)
 from tests.support.processes import ManageProcess, manage_env, run_manage
 from tests.support.queue import complete_pending
 from tests.support.server import free_port
 from tests.support.waiting import wait_for
 
-NATS_URL = "nats://127.0.0.1:4222"
-AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
-
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(1)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _needs(module: str, extra: str, port: int, broker: str) -> pytest.MarkDecorator:
-    reason = None
-    if importlib.util.find_spec(module) is None:
-        reason = f"the {extra} extra is not installed (uv sync --extra {extra})"
-    elif not _listening(port):
-        reason = f"no {broker} on 127.0.0.1:{port}"
-    return pytest.mark.skipif(reason is not None, reason=reason or "")
-
-
-needs_nats = _needs("nats", "nats", 4222, "NATS server")
-needs_rabbitmq = _needs("aio_pika", "amqp", 5672, "RabbitMQ")
 
 
 @pytest.fixture
@@ -137,49 +125,6 @@ def check_commands_executed(message_id: str) -> None:
 # ---------------------------------------------------------------- NATS JetStream
 
 
-async def _jetstream(work: Callable, url: str = NATS_URL) -> object:
-    import nats
-
-    nc = await nats.connect(url)
-    try:
-        return await work(nc.jetstream())
-    finally:
-        await nc.close()
-
-
-def nats_messages(namespace: str, stream: str, url: str = NATS_URL) -> list:
-    """Every message in the namespace's stream, in stream order."""
-    from nats.js.api import AckPolicy, ConsumerConfig
-
-    async def read(js) -> list:
-        name = f"{namespace}_{stream}"
-        count = (await js.stream_info(name)).state.messages
-        subscription = await js.pull_subscribe(
-            f"{namespace}.>", stream=name, config=ConsumerConfig(ack_policy=AckPolicy.NONE)
-        )
-        messages = []
-        while len(messages) < count:
-            messages += await subscription.fetch(batch=min(500, count - len(messages)), timeout=5)
-        return messages
-
-    return asyncio.run(_jetstream(read, url))
-
-
-@pytest.fixture
-def nats_namespace() -> Iterator[str]:
-    namespace = f"t{uuid.uuid4().hex[:10]}"
-    yield namespace
-
-    async def remove(js) -> None:
-        for stream in ("GRNS_EVT", "GRNS_CMD", "GRNS_DLQ"):
-            with contextlib.suppress(NotFoundError):  # a stream the test never made
-                await js.delete_stream(f"{namespace}_{stream}")
-
-    from nats.js.errors import NotFoundError
-
-    asyncio.run(_jetstream(remove))
-
-
 @pytest.mark.slow
 @needs_nats
 def test_nats_relay_killed_mid_stream_delivers_every_event_in_order(relays, nats_namespace):
@@ -205,7 +150,7 @@ def test_nats_commands_become_tasks_once(relays, nats_namespace):
         await js.publish(subject, good)  # redelivered: no second task
         await js.publish(subject, command("cmd-2", target_agent_type="Nobody", task_type="x"))
 
-    asyncio.run(_jetstream(send))
+    asyncio.run(jetstream(send))
     relay = relays(NATS_URL, nats_namespace, "--once", "--consume-commands")
     assert relay.wait() == 0, relay.log()
     check_commands_executed("cmd-1")
@@ -242,7 +187,7 @@ def test_nats_poison_commands_go_to_the_dead_letters_and_the_relay_carries_on(
         good = command("cmd-1", target_agent_type="EchoAgent", task_type="echo", payload={"n": 7})
         await js.publish(subject, good)
 
-    asyncio.run(_jetstream(send))
+    asyncio.run(jetstream(send))
     make_events(3)  # events to relay while the poison is refused
     before = set(OutboxEvent.objects.values_list("message_id", flat=True))
     relay = relays(NATS_URL, nats_namespace, "--once", "--consume-commands")
@@ -261,59 +206,6 @@ def test_nats_poison_commands_go_to_the_dead_letters_and_the_relay_carries_on(
 
 
 # ---------------------------------------------------------------- RabbitMQ
-
-
-async def _rabbitmq(work: Callable) -> object:
-    import aio_pika
-
-    connection = await aio_pika.connect(AMQP_URL)
-    try:
-        return await work(await connection.channel())
-    finally:
-        await connection.close()
-
-
-def rabbitmq_queue(namespace: str, exchange: str, binding: str) -> str:
-    """A queue bound to the namespace's exchange before the relay publishes."""
-    import aio_pika
-
-    name = f"{namespace}.observe.{exchange}"
-
-    async def declare(channel) -> None:
-        source = await channel.declare_exchange(
-            f"{namespace}.{exchange}", aio_pika.ExchangeType.TOPIC, durable=True
-        )
-        queue = await channel.declare_queue(name, durable=True)
-        await queue.bind(source, routing_key=binding)
-
-    asyncio.run(_rabbitmq(declare))
-    return name
-
-
-def rabbitmq_messages(queue_name: str) -> list:
-    async def drain(channel) -> list:
-        queue = await channel.get_queue(queue_name)
-        messages = []
-        while (message := await queue.get(fail=False)) is not None:
-            await message.ack()
-            messages.append(message)
-        return messages
-
-    return asyncio.run(_rabbitmq(drain))
-
-
-@pytest.fixture
-def rabbitmq_namespace() -> Iterator[str]:
-    namespace = f"t{uuid.uuid4().hex[:10]}"
-    yield namespace
-
-    async def remove(channel) -> None:
-        for queue in ("observe.grns.evt", "observe.grns.dlq", "grns.cmd.task.execute"):
-            await channel.queue_delete(f"{namespace}.{queue}")
-        for exchange in ("grns.evt", "grns.cmd", "grns.dlq"):
-            await channel.exchange_delete(f"{namespace}.{exchange}")
-
-    asyncio.run(_rabbitmq(remove))
 
 
 @pytest.mark.slow
@@ -348,7 +240,7 @@ def test_rabbitmq_commands_become_tasks_once(relays, rabbitmq_namespace):
         ):
             await exchange.publish(aio_pika.Message(body), routing_key=key)
 
-    asyncio.run(_rabbitmq(send))
+    asyncio.run(rabbitmq(send))
     relay = relays(AMQP_URL, rabbitmq_namespace, "--once", "--consume-commands")
     assert relay.wait() == 0, relay.log()
     check_commands_executed("cmd-1")
@@ -376,7 +268,7 @@ def test_rabbitmq_poison_commands_go_to_the_dead_letters_and_the_relay_carries_o
         good = command("cmd-1", target_agent_type="EchoAgent", task_type="echo", payload={"n": 7})
         await exchange.publish(aio_pika.Message(good), routing_key="cmd.task.execute.v1")
 
-    asyncio.run(_rabbitmq(send))
+    asyncio.run(rabbitmq(send))
     relay = relays(AMQP_URL, rabbitmq_namespace, "--once", "--consume-commands")
     assert relay.wait() == 0, relay.log()
     assert "Traceback" not in relay.log()
@@ -426,7 +318,7 @@ def test_relay_rides_out_a_broker_restart(relays, tmp_path):
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        wait_for(lambda: _listening(port), what="nats-server to listen")
+        wait_for(lambda: listening(port), what="nats-server to listen")
         return server
 
     server = start_server()

@@ -15,14 +15,9 @@ from task_queue import task_logging
 from task_queue.models import Task, TaskStatus
 from task_queue.operations import enqueue
 from task_queue.task_logging import TaskFields
+from tests.support.brokers import NATS_URL, jetstream, needs_nats
 from tests.support.processes import manage_env, run_manage
-from tests.test_relay import (
-    NATS_URL,
-    _jetstream,
-    command,
-    nats_namespace,  # noqa: F401 - a fixture
-    needs_nats,
-)
+from tests.test_relay import command
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -73,13 +68,13 @@ def test_a_workers_json_lines_carry_each_tasks_fields():
 
 
 @needs_nats
-def test_the_relays_line_about_a_commands_task_carries_its_fields(nats_namespace):  # noqa: F811
+def test_the_relays_line_about_a_commands_task_carries_its_fields(nats_namespace):
     async def send(js) -> None:
         await js.add_stream(name=f"{nats_namespace}_GRNS_CMD", subjects=[f"{nats_namespace}.cmd.>"])
         body = command("cmd-log", target_agent_type="EchoAgent", task_type="echo", payload={})
         await js.publish(f"{nats_namespace}.cmd.task.execute.v1", body)
 
-    asyncio.run(_jetstream(send))
+    asyncio.run(jetstream(send))
     args = ["--to", NATS_URL, "--namespace", nats_namespace, "--once", "--consume-commands"]
     done = run_manage("relay_events", *args, env={**manage_env(), "LOG_FORMAT": "json"})
 

@@ -1,6 +1,8 @@
 """The NATS JetStream bridge (seed 000 §9): events on ``evt.…`` subjects in stream
 GRNS_EVT, commands from GRNS_CMD by a durable pull consumer, refused commands to
-GRNS_DLQ. Streams are created when absent. Needs the ``nats`` extra (nats-py)."""
+GRNS_DLQ, dispatch commands (``cmd.agent.<Agent>.execute.v1``) to GRNS_CMD, and a
+worker's source of them (a durable pull consumer per agent, shared by its workers).
+Streams are created when absent. Needs the ``nats`` extra (nats-py)."""
 
 from __future__ import annotations
 
@@ -9,17 +11,22 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 import nats
-from nats.js.api import StreamConfig
+from nats.js.api import ConsumerConfig, StreamConfig
 from nats.js.errors import NotFoundError
 
+from task_queue.dispatch_follower import Delivery
 from task_queue.event_stream import Envelope
 from task_queue.relay.commands import dead_letter_body
+from task_queue.relay.dispatch_commands import Dispatch, kind_for
 from task_queue.relay.names import COMMAND_KIND, Names, subject_for
 
 # JetStream drops a message whose Nats-Msg-Id it stored within this window, so a
 # batch published again after a relay crash mostly arrives once.
 DUPLICATE_WINDOW_SECONDS = 120
 DURABLE = "automechanica"
+# How long JetStream waits for a dispatched worker's ack before delivering again; the
+# worker says it is still working every third of it.
+DISPATCH_ACK_WAIT_SECONDS = 30.0
 
 
 logger = logging.getLogger(__name__)
@@ -42,30 +49,7 @@ class JetStreamBridge:
         self.nc: nats.NATS | None = None
 
     async def connect(self) -> None:
-        # The relay reconnects itself (and resumes from its cursor), so the client's
-        # own reconnect, which would hold publishes in a buffer, is off.
-        # (nats-py tries connecting max_reconnect_attempts times even without it.)
-        self.nc = await nats.connect(
-            self.url,
-            allow_reconnect=False,
-            max_reconnect_attempts=1,
-            reconnect_time_wait=0.2,
-            connect_timeout=5,
-            error_cb=_log_error,
-        )
-        self.js = self.nc.jetstream()
-        for name, subjects in (("GRNS_EVT", "evt.>"), ("GRNS_CMD", "cmd.>"), ("GRNS_DLQ", "dlq.>")):
-            await self._ensure_stream(self.names.stream(name), self.names.subject(subjects))
-
-    async def _ensure_stream(self, name: str, subjects: str) -> None:
-        try:
-            await self.js.stream_info(name)
-        except NotFoundError:
-            await self.js.add_stream(
-                StreamConfig(
-                    name=name, subjects=[subjects], duplicate_window=DUPLICATE_WINDOW_SECONDS
-                )
-            )
+        self.nc, self.js = await _connect(self.url, self.names)
 
     async def publish(self, events: Sequence[Envelope]) -> None:
         """Publish in order; return once JetStream stored every one (or raise)."""
@@ -78,6 +62,21 @@ class JetStreamBridge:
             )
             for event in events
         ]
+        await asyncio.wait_for(asyncio.gather(*acks), self.confirm_timeout)
+
+    async def publish_commands(self, commands: Sequence[Dispatch]) -> None:
+        """Publish dispatch commands; return once JetStream stored every one."""
+        acks = []
+        for command in commands:
+            message_id = command.message_id
+            acks.append(
+                await self.js.publish_async(
+                    self.names.subject(kind_for(command.agent)),
+                    command.to_json(message_id),
+                    headers={"Nats-Msg-Id": message_id},
+                    wait_stall=self.confirm_timeout,
+                )
+            )
         await asyncio.wait_for(asyncio.gather(*acks), self.confirm_timeout)
 
     async def consume_commands(
@@ -113,3 +112,82 @@ class JetStreamBridge:
     async def close(self) -> None:
         if self.nc is not None and not self.nc.is_closed:
             await self.nc.close()
+
+
+async def _connect(url: str, names: Names) -> tuple[nats.NATS, object]:
+    """A connection and its JetStream context, the streams created if absent. The
+    relay and the follower reconnect themselves (the relay resumes from its cursor),
+    so the client's own reconnect, which would hold publishes in a buffer, is off.
+    (nats-py tries connecting max_reconnect_attempts times even without it.)"""
+    nc = await nats.connect(
+        url,
+        allow_reconnect=False,
+        max_reconnect_attempts=1,
+        reconnect_time_wait=0.2,
+        connect_timeout=5,
+        error_cb=_log_error,
+    )
+    js = nc.jetstream()
+    for name, subjects in (("GRNS_EVT", "evt.>"), ("GRNS_CMD", "cmd.>"), ("GRNS_DLQ", "dlq.>")):
+        try:
+            await js.stream_info(names.stream(name))
+        except NotFoundError:
+            await js.add_stream(
+                StreamConfig(
+                    name=names.stream(name),
+                    subjects=[names.subject(subjects)],
+                    duplicate_window=DUPLICATE_WINDOW_SECONDS,
+                )
+            )
+    return nc, js
+
+
+class JetStreamDispatchSource:
+    """A worker's dispatch commands: one durable pull consumer per agent
+    (``dispatch_<Agent>``), shared by every worker of that agent, each command going
+    to one of them."""
+
+    errors = JetStreamBridge.errors
+    ack_wait_seconds = DISPATCH_ACK_WAIT_SECONDS
+
+    def __init__(self, url: str, names: Names) -> None:
+        self.url = url
+        self.names = names
+        self.nc: nats.NATS | None = None
+        self._turn = 0
+
+    async def connect(self, agents: list[str], prefetch: int) -> None:
+        self.nc, js = await _connect(self.url, self.names)
+        config = ConsumerConfig(ack_wait=DISPATCH_ACK_WAIT_SECONDS)
+        self.subscriptions = [
+            await js.pull_subscribe(
+                self.names.subject(kind_for(agent)),
+                durable="dispatch_" + kind_for(agent).split(".")[2],
+                stream=self.names.stream("GRNS_CMD"),
+                config=config,
+            )
+            for agent in agents
+        ]
+
+    async def next(self, limit: int) -> list[Delivery]:
+        """Up to ``limit`` commands of one agent, taking the agents in turn (waiting
+        at most a second in all when none has any)."""
+        subscription = self.subscriptions[self._turn % len(self.subscriptions)]
+        self._turn += 1
+        try:
+            messages = await subscription.fetch(batch=limit, timeout=1.0 / len(self.subscriptions))
+        except TimeoutError:  # (nats-py's own, and a bare one: see consume_commands)
+            return []
+        return [
+            Delivery(m.data, m.ack, lambda delay, m=m: m.nak(delay=delay), m.in_progress)
+            for m in messages
+        ]
+
+    async def close(self) -> None:
+        if self.nc is not None and not self.nc.is_closed:
+            await self.nc.close()
+
+
+# What relay_events and runworker --dispatch take from this module (relay.brokers).
+Bridge = JetStreamBridge
+DispatchSource = JetStreamDispatchSource

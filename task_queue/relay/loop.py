@@ -23,6 +23,8 @@ from django.db import DataError, IntegrityError
 from task_queue import event_stream
 from task_queue.event_stream import Envelope
 from task_queue.relay.commands import DEAD_LETTER_BODY_BYTES, InvalidCommand, execute_command
+from task_queue.relay.dispatch_commands import Dispatch
+from task_queue.relay.dispatcher import Dispatcher
 from task_queue.sql import outbox
 from task_queue.task_logging import about_task
 
@@ -51,6 +53,7 @@ class Bridge(Protocol):
 
     async def connect(self) -> None: ...
     async def publish(self, events: Sequence[Envelope]) -> None: ...
+    async def publish_commands(self, commands: Sequence[Dispatch]) -> None: ...
     async def consume_commands(
         self, handle: Callable[[bytes], Awaitable[str | None]], *, drain: bool
     ) -> None: ...
@@ -68,6 +71,7 @@ class BrokerUnavailable(RuntimeError):
 @dataclass
 class RelayStats:
     relayed: int = 0
+    dispatched: int = 0
     commands: int = 0
     refused: int = 0
     outages: int = 0
@@ -93,6 +97,7 @@ class Relay:
         poll_seconds: float,
         once: bool,
         consume_commands: bool,
+        dispatcher: Dispatcher | None = None,
     ) -> None:
         self.bridge = bridge
         self.destination = destination
@@ -100,6 +105,7 @@ class Relay:
         self.poll_seconds = poll_seconds
         self.once = once
         self.consume_commands = consume_commands
+        self.dispatcher = dispatcher
         self.stats = RelayStats()
         self.working = False  # since the last connect: a batch confirmed, or caught up
 
@@ -108,6 +114,8 @@ class Relay:
         if not await _db(outbox.try_relay_lock)(self.destination):
             raise RelayBusy(f"another relay_events is relaying to {self.destination}")
         try:
+            if self.dispatcher is not None:
+                await _db(self.dispatcher.start)()
             await self._run_connected(stop)
         finally:
             with contextlib.suppress(Exception):
@@ -172,6 +180,8 @@ class Relay:
                 if events:
                     await self.bridge.publish(events)
                     self.working = True
+                behind = await self._dispatch(events)
+                if events:
                     position = events[-1].position
                     await _db(outbox.advance_relay_cursor)(
                         destination=self.destination, position=position, relayed=len(events)
@@ -181,13 +191,14 @@ class Relay:
                     if time.monotonic() - reported > PROGRESS_EVERY_SECONDS:
                         reported = time.monotonic()
                         logger.info(
-                            "relayed %d events (%.0f/s), at position %d",
+                            "relayed %d events (%.0f/s), at position %d; %d dispatched",
                             self.stats.relayed,
                             self.stats.rate(),
                             position,
+                            self.stats.dispatched,
                         )
-                    if len(events) == self.batch:
-                        continue
+                if len(events) == self.batch or behind:
+                    continue
                 if self.once:
                     break
                 self.working = True
@@ -200,6 +211,20 @@ class Relay:
                 commands.cancel()
                 with contextlib.suppress(asyncio.CancelledError, *self.bridge.errors):
                     await commands
+
+    async def _dispatch(self, events: Sequence[Envelope]) -> bool:
+        """With --dispatch: publish the commands of the tasks now due (the events' and
+        the scan's) before the cursor moves past their events; whether the scan has
+        more due at once."""
+        if self.dispatcher is None:
+            return False
+        commands, bookmark = await _db(self.dispatcher.due)(events)
+        if commands:
+            await self.bridge.publish_commands(commands)
+            self.working = True
+            self.stats.dispatched += len(commands)
+        await _db(self.dispatcher.published)(bookmark)
+        return self.dispatcher.behind
 
     async def _execute(self, body: bytes) -> str | None:
         """The command's task, or why it was refused (it then goes to the dead-letter

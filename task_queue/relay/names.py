@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 COMMAND_KIND = "cmd.task.execute.v1"
+# What a --namespace may hold: it becomes part of stream, subject and queue names.
+NAMESPACE = re.compile(r"[A-Za-z0-9_-]*")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 

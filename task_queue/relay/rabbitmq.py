@@ -1,8 +1,10 @@
 """The RabbitMQ bridge (seed 000 §10): events to the topic exchange ``grns.evt`` with
 the kind as routing key, commands from queue ``grns.cmd.task.execute`` (bound on
 ``grns.cmd`` to ``task.execute.v1`` and ``cmd.task.execute.v1``), refused commands
-to ``grns.dlq``. Publisher confirms on; everything durable and persistent. Needs the
-``amqp`` extra (aio-pika)."""
+to ``grns.dlq``; dispatch commands to ``grns.cmd`` with routing key
+``agent.<Agent>.execute.v1``, into a durable queue ``grns.cmd.agent.<Agent>`` per agent,
+and a worker's source of them. Publisher confirms on; everything durable and
+persistent. Needs the ``amqp`` extra (aio-pika)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import aio_pika
 
+from task_queue.dispatch_follower import Delivery
 from task_queue.event_stream import Envelope
 from task_queue.relay.commands import dead_letter_body
+from task_queue.relay.dispatch_commands import Dispatch, kind_for, queue_for, routing_key_for
 from task_queue.relay.names import COMMAND_KIND, Names, subject_for
 
 PREFETCH = 8
@@ -37,6 +41,7 @@ class RabbitMQBridge:
         self.events = await declare(self.names.amqp("grns.evt"), topic, durable=True)
         self.commands = await declare(self.names.amqp("grns.cmd"), topic, durable=True)
         self.dead_letters = await declare(self.names.amqp("grns.dlq"), topic, durable=True)
+        self._agent_queues: set[str] = set()
 
     async def publish(self, events: Sequence[Envelope]) -> None:
         """Publish in order; return once the broker confirmed every one (or raise).
@@ -60,6 +65,31 @@ class RabbitMQBridge:
             )
             for event in events
         ]
+        try:
+            await asyncio.wait_for(asyncio.gather(*confirms), self.confirm_timeout)
+        finally:
+            for confirm in confirms:
+                confirm.cancel()
+
+    async def publish_commands(self, commands: Sequence[Dispatch]) -> None:
+        """Publish dispatch commands, each agent's queue declared first (a command
+        published before any worker of the agent started waits there); return once
+        the broker confirmed every one."""
+        for agent in sorted({c.agent for c in commands} - self._agent_queues):
+            await _declare_agent_queue(self.channel, self.names, self.commands, agent)
+            self._agent_queues.add(agent)
+        confirms = []
+        for command in commands:
+            message_id = command.message_id
+            message = aio_pika.Message(
+                command.to_json(message_id),
+                message_id=message_id,
+                type=kind_for(command.agent),
+                content_type="application/json",
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            )
+            publish = self.commands.publish(message, routing_key=routing_key_for(command.agent))
+            confirms.append(asyncio.ensure_future(publish))
         try:
             await asyncio.wait_for(asyncio.gather(*confirms), self.confirm_timeout)
         finally:
@@ -105,3 +135,73 @@ class RabbitMQBridge:
     async def close(self) -> None:
         if self.connection is not None and not self.connection.is_closed:
             await self.connection.close()
+
+
+async def _declare_agent_queue(
+    channel: aio_pika.abc.AbstractChannel,
+    names: Names,
+    exchange: aio_pika.abc.AbstractExchange,
+    agent: str,
+) -> aio_pika.abc.AbstractQueue:
+    queue = await channel.declare_queue(names.amqp(queue_for(agent)), durable=True)
+    await queue.bind(exchange, routing_key=routing_key_for(agent))
+    return queue
+
+
+class RabbitMQDispatchSource:
+    """A worker's dispatch commands: it consumes each agent's queue, with at most
+    ``prefetch`` (its concurrency) unacknowledged, so the broker sends no more than
+    the worker can start. (RabbitMQ's consumer_timeout, 30 minutes by default, bounds
+    how long a task may run before its command is delivered again.)"""
+
+    errors = RabbitMQBridge.errors
+    ack_wait_seconds = 60.0  # nothing to renew: in_progress does nothing
+
+    def __init__(self, url: str, names: Names) -> None:
+        self.url = url
+        self.names = names
+        self.connection: aio_pika.abc.AbstractConnection | None = None
+
+    async def connect(self, agents: list[str], prefetch: int) -> None:
+        self.connection = await aio_pika.connect(self.url, timeout=5)
+        channel = await self.connection.channel()
+        await channel.set_qos(prefetch_count=max(prefetch, 1))
+        exchange = await channel.declare_exchange(
+            self.names.amqp("grns.cmd"), aio_pika.ExchangeType.TOPIC, durable=True
+        )
+        self.inbox: asyncio.Queue[aio_pika.abc.AbstractIncomingMessage] = asyncio.Queue()
+        for agent in agents:
+            queue = await _declare_agent_queue(channel, self.names, exchange, agent)
+            await queue.consume(self.inbox.put)
+
+    async def next(self, limit: int) -> list[Delivery]:
+        if self.connection is None or self.connection.is_closed:
+            raise ConnectionError("the dispatch connection closed")
+        try:
+            messages = [await asyncio.wait_for(self.inbox.get(), 1.0)]
+        except TimeoutError:
+            return []
+        while len(messages) < limit and not self.inbox.empty():
+            messages.append(self.inbox.get_nowait())
+        return [Delivery(m.body, m.ack, _requeue_after(m), _nothing) for m in messages]
+
+    async def close(self) -> None:
+        if self.connection is not None and not self.connection.is_closed:
+            await self.connection.close()
+
+
+def _requeue_after(message: aio_pika.abc.AbstractIncomingMessage):
+    async def requeue(delay: float) -> None:
+        await asyncio.sleep(delay)  # AMQP has no delayed requeue: held that long
+        await message.nack(requeue=True)
+
+    return requeue
+
+
+async def _nothing() -> None:
+    return None
+
+
+# What relay_events and runworker --dispatch take from this module (relay.brokers).
+Bridge = RabbitMQBridge
+DispatchSource = RabbitMQDispatchSource

@@ -67,13 +67,16 @@ class ManageProcess:
     """A ``manage.py COMMAND`` subprocess on the test database, its log in a file; it
     leads a process group of its own (see :func:`kill_group`)."""
 
-    def __init__(self, command: str, args: list[str], log_path: Path) -> None:
+    def __init__(
+        self, command: str, args: list[str], log_path: Path, env: dict[str, str] | None = None
+    ) -> None:
+        """``env``: variables (settings) added to :func:`manage_env`."""
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [sys.executable, "manage.py", command, *args],
             cwd=REPO,
-            env=manage_env(),
+            env=manage_env() | (env or {}),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

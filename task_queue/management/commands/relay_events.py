@@ -3,26 +3,21 @@
 import asyncio
 import logging
 import os
-import re
 import signal
 from typing import Any
-from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from task_queue.relay.brokers import BrokerURLError, broker_module
+from task_queue.relay.dispatcher import Dispatcher
 from task_queue.relay.loop import BrokerUnavailable, Relay, RelayBusy
-from task_queue.relay.names import Names, destination_key
+from task_queue.relay.names import NAMESPACE, Names, destination_key
 
 logger = logging.getLogger("task_queue.relay")
 
 # Under nats-py's 4,000 unconfirmed publishes, so a batch never waits on the client.
 MAX_BATCH = 2000
-
-# scheme → (bridge module and class, the extra that installs its client)
-BRIDGES = {
-    "nats": ("task_queue.relay.jetstream", "JetStreamBridge", "nats"),
-    "amqp": ("task_queue.relay.rabbitmq", "RabbitMQBridge", "amqp"),
-}
 
 
 # The destination, from the environment: a broker URL may carry a password.
@@ -33,7 +28,8 @@ class Command(BaseCommand):
     help = (
         "Publish the event stream to NATS JetStream or RabbitMQ in order, with publisher "
         "confirms, resuming where the last run stopped. --consume-commands also turns "
-        "cmd.task.execute.v1 commands from the broker into tasks."
+        "cmd.task.execute.v1 commands from the broker into tasks; --dispatch publishes a "
+        "cmd.agent.<Agent>.execute.v1 command for each task that becomes due."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -49,6 +45,12 @@ class Command(BaseCommand):
             "--consume-commands",
             action="store_true",
             help="also turn cmd.task.execute.v1 commands into tasks (idempotent by message_id)",
+        )
+        parser.add_argument(
+            "--dispatch",
+            action="store_true",
+            help="also publish cmd.agent.<Agent>.execute.v1 for each task that becomes due "
+            "(for runworker --dispatch and remote agents; never a paused agent's tasks)",
         )
         parser.add_argument(
             "--batch", type=int, default=500, help=f"events per confirmed batch (1–{MAX_BATCH})"
@@ -72,46 +74,45 @@ class Command(BaseCommand):
         url = options["to"]
         if not url:
             raise CommandError(f"a destination is needed: --to URL or ${DESTINATION_VARIABLE}")
-        scheme = urlsplit(url).scheme
-        if scheme not in BRIDGES:  # named without its credentials, which it may carry
-            raise CommandError(
-                f"--to: expected nats://… or amqp://…, got {destination_key(url, '')!r}"
-            )
+        try:
+            broker = broker_module(url, "--to")
+        except BrokerURLError as error:
+            raise CommandError(str(error)) from None
         if not 1 <= options["batch"] <= MAX_BATCH:
             raise CommandError(f"--batch: from 1 to {MAX_BATCH}")
         if options["poll"] <= 0 or options["confirm_timeout"] <= 0:
             raise CommandError("--poll and --confirm-timeout must be more than 0")
         namespace = options["namespace"]
-        if namespace and not re.fullmatch(r"[A-Za-z0-9_-]+", namespace):
+        if not NAMESPACE.fullmatch(namespace):
             raise CommandError("--namespace: letters, digits, _ and - only")
-        module, name, extra = BRIDGES[scheme]
-        try:
-            bridge_class = getattr(__import__(module, fromlist=[name]), name)
-        except ImportError as error:
-            raise CommandError(
-                f"--to {scheme}://… needs the {extra} extra ({error.name} is missing): "
-                f"uv sync --extra {extra}"
-            ) from None
         destination = destination_key(url, namespace)
         relay = Relay(
-            bridge_class(url, Names(namespace), confirm_timeout=options["confirm_timeout"]),
+            broker.Bridge(url, Names(namespace), confirm_timeout=options["confirm_timeout"]),
             destination,
             batch=options["batch"],
             poll_seconds=options["poll"],
             once=options["once"],
             consume_commands=options["consume_commands"],
+            dispatcher=Dispatcher(
+                destination,
+                batch=options["batch"],
+                republish_seconds=settings.QUEUE_DISPATCH_REPUBLISH_SECONDS,
+            )
+            if options["dispatch"]
+            else None,
         )
         try:
             stats = asyncio.run(self._run(relay))
         except (RelayBusy, BrokerUnavailable) as error:
             raise CommandError(str(error)) from None
         logger.info(
-            "relayed %d events to %s (%.0f/s), at position %d; %d commands, %d refused, "
-            "%d broker outages",
+            "relayed %d events to %s (%.0f/s), at position %d; %d dispatched; %d commands, "
+            "%d refused, %d broker outages",
             stats.relayed,
             destination,
             stats.rate(),
             stats.position,
+            stats.dispatched,
             stats.commands,
             stats.refused,
             stats.outages,

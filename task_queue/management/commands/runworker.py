@@ -12,9 +12,13 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from task_queue import registry
+from task_queue.relay.brokers import BrokerURLError, broker_module
+from task_queue.relay.names import NAMESPACE, Names
 from task_queue.worker import MonitorFailed, Worker, WorkerConfig
 
 logger = logging.getLogger("task_queue.worker")
+# Where --dispatch can come from instead: a broker URL may carry a password.
+DISPATCH_VARIABLE = "AUTOMECHANICA_DISPATCH_FROM"
 # How long a second signal waits for the database to take the leases back.
 ABANDON_SECONDS = 2.0
 
@@ -62,6 +66,18 @@ class Command(BaseCommand):
             default=settings.QUEUE_SHUTDOWN_GRACE_SECONDS,
             help="seconds in-flight tasks get to finish on shutdown",
         )
+        parser.add_argument(
+            "--dispatch",
+            metavar="URL",
+            default=os.environ.get(DISPATCH_VARIABLE),
+            help="take work from relay_events --dispatch's commands on nats://… or amqp://… "
+            f"(or ${DISPATCH_VARIABLE}), claiming by itself only every --poll seconds",
+        )
+        parser.add_argument(
+            "--namespace",
+            default="",
+            help="the broker names' prefix, as relay_events --namespace",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         unknown = [name for name in options["agents"] if name not in registry.names()]
@@ -79,6 +95,15 @@ class Command(BaseCommand):
                 f"--lease {options['lease']:g}: heartbeats every {options['lease'] / 3:g} s "
                 f"must come within QUEUE_STALE_WORKER_SECONDS ({stale:g} s)"
             )
+        dispatch = None
+        if options["dispatch"]:
+            if not NAMESPACE.fullmatch(options["namespace"]):
+                raise CommandError("--namespace: letters, digits, _ and - only")
+            try:
+                broker = broker_module(options["dispatch"], "--dispatch")
+            except BrokerURLError as error:
+                raise CommandError(str(error)) from None
+            dispatch = broker.DispatchSource(options["dispatch"], Names(options["namespace"]))
         worker = Worker(
             WorkerConfig(
                 agents=options["agents"],
@@ -89,6 +114,7 @@ class Command(BaseCommand):
                 grace_seconds=options["grace"],
                 burst=options["burst"],
                 max_tasks=options["max_tasks"],
+                dispatch=dispatch,
             )
         )
         restore_signals = self._install_signal_handlers(worker)
