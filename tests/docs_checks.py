@@ -192,6 +192,8 @@ class RelayEvents(Check):
         cursor = EventRelayCursor.objects.filter(destination=destination).first()
         last = OutboxEvent.objects.aggregate(last=Max("position"))["last"]
         assert cursor is not None and last and cursor.position == last, "not all relayed"
+        if opts["dispatch"]:
+            assert cursor.dispatched_through is not None, "its scan of due times never ran"
 
 
 class RunOrchestrator(Check):

@@ -36,6 +36,7 @@ from tests.support.brokers import (
 from tests.support.processes import run_manage
 from tests.support.queue import OWNER, make_failed
 from tests.support.waiting import wait_for
+from tests.test_relay import cursor_at
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -372,3 +373,73 @@ def test_a_dispatch_command_is_built_and_read_back():
         parse(command.to_json("x"), frozenset({"SEOAgent"}))
     with pytest.raises(InvalidDispatch, match="bytes"):
         parse(b" " * 20_000, frozenset({"EchoAgent"}))
+
+
+@needs_nats
+def test_nats_a_relay_killed_while_a_task_waits_to_fall_due_dispatches_it_after_its_restart(
+    manage_processes, nats_namespace
+):
+    from task_queue.event_stream import head
+
+    soon = enqueue("EchoAgent", "echo", {"way": "soon"}, delay_seconds=4)
+    late = enqueue("EchoAgent", "echo", {"way": "late"}, delay_seconds=3600)
+    with connection.cursor() as cursor:  # the scan's: enqueued two hours before it is due
+        cursor.execute(
+            "UPDATE tasks SET updated_at = now() - interval '2 hours', "
+            "available_at = now() + interval '4 seconds' WHERE id = %s",
+            [late.id],
+        )
+    ns = ["--namespace", nats_namespace]
+    relay = manage_processes("relay_events", "--to", NATS_URL, *ns, "--dispatch", env=QUIET)
+    last = head()
+    wait_for(lambda: cursor_at(NATS_URL, nats_namespace) >= last, what="the events relayed")
+    relay.kill()  # soon waits in the relay's memory; late's due time not scanned yet
+    assert nats_commands(nats_namespace) == []
+    manage_processes("relay_events", "--to", NATS_URL, *ns, "--dispatch", env=QUIET)
+    by_task = wait_for(
+        lambda: (
+            (found := commands_by_task(nats_commands(nats_namespace))).keys()
+            >= {str(soon.id), str(late.id)}
+            and found
+        ),
+        what="both commands after the restart",
+    )
+    assert [len(by_task[str(t.id)]) for t in (soon, late)] == [1, 1]
+
+
+@needs_nats
+def test_nats_dispatched_workers_killed_mid_task_leave_every_task_completed_once(
+    manage_processes, nats_namespace
+):
+    """SIGKILL a dispatched worker while it runs tasks: their commands stay
+    unacknowledged, the reaper gives the tasks back, the relay dispatches them again
+    (lease_expired), and the other worker runs them; the old commands, delivered again,
+    get a 409 and are acknowledged."""
+    tasks = [enqueue("EchoAgent", "echo", {"sleep_ms": 1500}) for _ in range(6)]
+    ids = [t.id for t in tasks]
+    ns = ["--namespace", nats_namespace]
+    manage_processes("relay_events", "--to", NATS_URL, *ns, "--dispatch", env=QUIET)
+    worker = ["runworker", "EchoAgent", "--dispatch", NATS_URL, *ns, "--poll", "3600"]
+    victim = manage_processes(*worker, "--lease", "3", "--concurrency", "6", env=QUIET)
+    wait_for(
+        lambda: Task.objects.filter(id__in=ids, status="running").count() == 6,
+        timeout=60,
+        what="the victim to run every task",
+    )
+    victim.kill()
+    manage_processes("runmaintenance")  # the reaper
+    manage_processes(*worker, "--lease", "3", "--concurrency", "6", env=QUIET)
+    wait_for(
+        lambda: Task.objects.filter(id__in=ids, status="completed").count() == len(ids),
+        timeout=120,
+        what="every task completed",
+    )
+    check_completed_once(ids)
+    expired = TaskHistory.objects.filter(task_id__in=ids, event="lease_expired").count()
+    assert expired == len(ids)
+    reasons = Counter(
+        command["payload"]["reason"]
+        for commands in commands_by_task(nats_commands(nats_namespace)).values()
+        for command in commands
+    )
+    assert reasons == {"new_task": 6, "lease_expired": 6}

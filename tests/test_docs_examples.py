@@ -272,7 +272,7 @@ def run_until_stopped(
 
 def broker_namespace(argv: list[str], request: pytest.FixtureRequest) -> str:
     """Skip without the broker or its client; otherwise a namespace cleaned up after."""
-    url = argv[argv.index("--to") + 1]
+    url = argv[argv.index("--to" if "--to" in argv else "--dispatch") + 1]
     module, port, fixture = BROKERS[urlsplit(url).scheme]
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"the {module} client is not installed (uv sync --extra nats --extra amqp)")
