@@ -4,8 +4,10 @@ The follower runs an asyncio loop on its own thread. It takes commands
 (``cmd.agent.<Agent>.execute.v1``, task_queue.relay.dispatch_commands) only while the
 worker has a free slot, and claims each command's task by id through the worker
 (``Worker.claim_dispatched``: the claim every worker makes, picking that one task).
-The claim is the gate: a command for a task that is not due, taken, finished or
-unknown is acknowledged at once, so duplicates and redeliveries cost one claim each.
+The claim is the gate: a command for a task that is not due, taken, finished, unknown
+or of a paused agent is acknowledged at once, so duplicates and redeliveries cost one
+claim each; one whose task is due but could not start now (its row locked by another
+claim, its agent at a limit) is delivered again a little later.
 
 A claimed task's command stays unacknowledged while the task runs (JetStream is told
 it is in progress every third of its ack wait) and is acknowledged once the outcome
@@ -33,9 +35,13 @@ from task_queue.retry import CONNECTION_ERRORS
 
 logger = logging.getLogger("task_queue.worker")
 
-# A command redelivered when it could not be taken (no free slot, database down).
+# A command delivered again when its task could not start now (no free slot, the
+# database down, the task locked or its agent at a limit).
 REDELIVER_SECONDS = 1.0
 RECONNECT_SECONDS = 1.0
+
+# A run of a task: its id and the lease token its claim gave.
+Run = tuple[UUID, UUID]
 
 
 @dataclass
@@ -63,7 +69,9 @@ class Claimer(Protocol):
     """What the follower needs of its worker."""
 
     def free_slots(self) -> int: ...
-    def claim_dispatched(self, task_id: UUID, agent: str) -> str: ...
+    def claim_dispatched(
+        self, task_id: UUID, agent: str, before_start: Callable[[UUID], None]
+    ) -> str: ...
     def stopping(self) -> bool: ...
 
 
@@ -82,7 +90,10 @@ class Follower:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._room = asyncio.Event()
         self._stop = asyncio.Event()
-        self._running: dict[UUID, Delivery] = {}
+        # The commands of the runs under way, written by the claim (on the database
+        # thread, before the run starts) and read on the loop: hence the lock.
+        self._running: dict[Run, Delivery] = {}
+        self._running_lock = threading.Lock()
         self._settling: set[asyncio.Future] = set()  # acks and requeues under way
         # The database calls (claims) on one thread of their own: one connection.
         self._db = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dispatch-db")
@@ -96,10 +107,13 @@ class Follower:
     def slot_freed(self) -> None:
         self._call_soon(self._room.set)
 
-    def settled(self, task_ids: Iterable[UUID]) -> None:
-        """These tasks' outcomes are committed (or they were given back): ack."""
-        ids = list(task_ids)
-        self._call_soon(lambda: self._ack(ids))
+    def settled(self, runs: Iterable[Run]) -> None:
+        """These runs' outcomes are committed (or their tasks were given back, or their
+        leases lost): acknowledge their commands."""
+        with self._running_lock:
+            deliveries = [d for run in runs if (d := self._running.pop(run, None)) is not None]
+        if deliveries:
+            self._call_soon(lambda: self._ack(deliveries))
 
     def stop(self, timeout: float = 5.0) -> None:
         self._call_soon(self._stop.set)
@@ -120,8 +134,11 @@ class Follower:
             self._db.shutdown()
 
     async def _follow(self) -> None:
+        """Follow until stopped, reconnecting after any failure: the worker keeps
+        running either way (its own claim goes on at its poll interval)."""
         self._loop = asyncio.get_running_loop()
         while not self._stop.is_set():
+            failed = False
             try:
                 await self.source.connect(sorted(self.agents), self.prefetch)
                 logger.info("following dispatch commands for %s", ", ".join(sorted(self.agents)))
@@ -132,12 +149,18 @@ class Follower:
                     in_progress.cancel()
             except self.source.errors as error:
                 logger.warning("dispatch broker unavailable (%r); reconnecting", error)
-                self._running.clear()  # unacknowledged: the broker delivers them again
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), RECONNECT_SECONDS)
+                failed = True
+            except Exception:
+                logger.exception("following dispatch commands failed; reconnecting")
+                failed = True
             finally:
                 with contextlib.suppress(Exception):
                     await self.source.close()
+            if failed:
+                with self._running_lock:  # unacknowledged: the broker delivers them again
+                    self._running.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), RECONNECT_SECONDS)
 
     async def _take(self) -> None:
         while not self._stop.is_set():
@@ -158,11 +181,16 @@ class Follower:
             task_id, agent = parse(delivery.body, self.agents)
         except InvalidDispatch as error:
             logger.warning("dispatch command refused: %s", error)
-            await delivery.ack()  # never redelivered to be refused again
+            self._settle(delivery.ack())  # never delivered again to be refused again
             return
+
+        def register(lease_token: UUID) -> None:  # before the run starts: see settled
+            with self._running_lock:
+                self._running[(task_id, lease_token)] = delivery
+
         try:
             answer = await self._loop.run_in_executor(
-                self._db, self.worker.claim_dispatched, task_id, agent
+                self._db, self.worker.claim_dispatched, task_id, agent, register
             )
         except CONNECTION_ERRORS as error:
             logger.warning("claiming task %s failed (%s); redelivered later", task_id, error)
@@ -171,26 +199,26 @@ class Follower:
             return
         if answer == "claimed":
             self.claimed += 1
-            self._running[task_id] = delivery
-        elif answer == "busy":
+        elif answer == "later":  # no free slot, or its task cannot start just now
             self._settle(delivery.redeliver(REDELIVER_SECONDS))
-        else:  # not claimable: done, taken by another, not due, paused, over a limit
-            await delivery.ack()
+        else:  # done, taken by another, not due yet, paused, unknown
             self.acknowledged += 1
+            self._settle(delivery.ack())
 
     async def _keep_in_progress(self) -> None:
         every = self.source.ack_wait_seconds / 3
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), every)
-            for delivery in list(self._running.values()):
+            with self._running_lock:
+                running = list(self._running.values())
+            for delivery in running:
                 await delivery.in_progress()
 
-    def _ack(self, task_ids: list[UUID]) -> None:
-        for task_id in task_ids:
-            if (delivery := self._running.pop(task_id, None)) is not None:
-                self.acknowledged += 1
-                self._settle(delivery.ack())
+    def _ack(self, deliveries: list[Delivery]) -> None:
+        for delivery in deliveries:
+            self.acknowledged += 1
+            self._settle(delivery.ack())
 
     def _settle(self, settling: Awaitable[None]) -> None:
         """Ack or requeue without holding up the follower (a requeue over AMQP waits
@@ -199,7 +227,7 @@ class Follower:
         async def settle() -> None:
             try:
                 await settling
-            except self.source.errors as error:  # delivered again, answered by its claim
+            except Exception as error:  # delivered again, and answered by its claim
                 logger.warning("settling a dispatch command failed (%r)", error)
 
         future = asyncio.ensure_future(settle())

@@ -39,10 +39,11 @@ class OutcomeWriter:
         owner: str,
         now: Callable[[], datetime | None],
         written: threading.Event,
-        on_written: Callable[[list[UUID]], None] = lambda ids: None,
+        on_written: Callable[[list[tuple[UUID, UUID]]], None] = lambda runs: None,
     ) -> None:
         """``written`` is set after every batch: a retried task may be due at once.
-        ``on_written`` gets the tasks of each batch once it is committed (or refused)."""
+        ``on_written`` gets the (task, lease token) of each batch's outcomes once the
+        batch is committed (or refused)."""
         self.owner = owner
         self.now = now
         self._written_event = written
@@ -130,7 +131,7 @@ class OutcomeWriter:
         self.refused += 1
         self.written += 1
         self._written_event.set()
-        self._on_written([outcome.task.id])
+        self._on_written([(outcome.task.id, outcome.task.lease_token)])
 
     def _write(self, batch: list[Outcome]) -> None:
         outcomes_sql.prepare_outcome_session()
@@ -147,7 +148,7 @@ class OutcomeWriter:
         with self._count_lock:
             self._unwritten -= len(batch)
         self._written_event.set()
-        self._on_written([o.task.id for o in batch])
+        self._on_written([(o.task.id, o.task.lease_token) for o in batch])
 
 
 def write_outcomes(

@@ -188,7 +188,7 @@ def claim_one(worker: str, task_id: UUID, agent: str, *, lease_seconds: float) -
             owner=worker, task_id=task_id, agent=agent, lease_seconds=lease_seconds, now=None
         )
         if task is None:
-            raise _why_not(task_id)
+            raise why_not(task_id)
         _register(worker, [agent], 1, lease_seconds, known=[task.id])
     claimed = _with_payloads(worker, [task], clock + timedelta(seconds=lease_seconds))
     if not claimed:
@@ -196,7 +196,8 @@ def claim_one(worker: str, task_id: UUID, agent: str, *, lease_seconds: float) -
     return claimed[0]
 
 
-def _why_not(task_id: UUID) -> NotClaimable:
+def why_not(task_id: UUID) -> NotClaimable:
+    """Why a named task could not be claimed just now (its claim took nothing)."""
     found = leasing.why_not_claimable(task_id, None)
     if found is None:
         return NotClaimable("not_found", "no such task")

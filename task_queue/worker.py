@@ -37,7 +37,7 @@ from django.db import DatabaseError, connection
 
 from task_queue.sql import leasing
 
-from . import leases, reaper, registry, task_logging, tracing
+from . import leases, reaper, registry, remote, task_logging, tracing
 from .claim_position import ClaimPosition
 from .dispatch_follower import DispatchSource, Follower
 from .execution import InFlight, StopReason, deadline_for, run_handler, timed_out
@@ -150,6 +150,8 @@ class Worker:
 
     def _fetch_loop(self) -> None:
         backoff = Backoff()
+        if self._follower is not None:  # the fallback: a poll interval from the start
+            self._stopping.wait(self.config.poll_seconds)
         while not self._stopping.is_set():
             self._wake.clear()
             free = self._free_slots()
@@ -180,12 +182,17 @@ class Worker:
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
-    def claim_dispatched(self, task_id: UUID, agent: str) -> str:
-        """Claim the task a dispatch command names: ``claimed``, ``busy`` (no free
-        slot) or ``not_claimable`` (called on the follower's database thread)."""
+    def claim_dispatched(
+        self, task_id: UUID, agent: str, before_start: Callable[[UUID], None]
+    ) -> str:
+        """Claim the task a dispatch command names (on the follower's database thread):
+        ``claimed`` (``before_start`` got its lease token before it started), ``later``
+        (no free slot, or the task is due but cannot start just now: its row locked by
+        another claim, its agent at a limit) or ``done`` (nothing to run: finished,
+        held, not yet due, its agent paused, or no such task)."""
         with self._claim_lock:
             if self._stopping.is_set() or not self._free_slots():
-                return "busy"
+                return "later"
             task = leasing.claim_task(
                 owner=self.id,
                 task_id=task_id,
@@ -193,15 +200,17 @@ class Worker:
                 lease_seconds=self.config.lease_seconds,
                 now=self.now(),
             )
-            if task is None:
-                return "not_claimable"
-            self._hand_over([task])
-        return "claimed"
+            if task is not None:
+                before_start(task.lease_token)
+                self._hand_over([task])
+                return "claimed"
+        return "later" if remote.why_not(task_id).reason == "over_limit" else "done"
 
-    def _settled(self, task_ids: list[UUID]) -> None:
-        """These tasks' outcomes are committed, or the tasks were given back."""
+    def _settled(self, runs: list[tuple[UUID, UUID]]) -> None:
+        """These runs' (task, lease token) outcomes are committed, or their tasks were
+        given back or their leases lost."""
         if self._follower is not None:
-            self._follower.settled(task_ids)
+            self._follower.settled(runs)
 
     def _free_slots(self) -> int:
         free = self.config.concurrency - len(self.inflight)
@@ -285,7 +294,7 @@ class Worker:
                         reason = flight.stop_reason.value
                         logger.debug("task %s stopped: %s", flight.task.id, reason)
                         if flight.stop_reason is StopReason.LEASE_LOST:
-                            self._settled([flight.task.id])  # nothing of ours to write
+                            self._settled([flight.held])  # nothing of ours to write
                 finally:
                     tracing.active.task_ended(span, written, flight.stop_reason)
                     task_logging.leave(about)
@@ -397,6 +406,8 @@ class Worker:
     def _shutdown(self, monitor: threading.Thread) -> None:
         """Let in-flight tasks finish within the grace period, then give back the rest."""
         self._stopping.set()
+        with self._claim_lock:  # a dispatched claim under way hands its task over first
+            pass
         # Without its monitor nothing extends the leases: no grace, give the tasks back.
         grace = 0.0 if self.monitor_failure is not None else self.config.grace_seconds
         deadline = time.monotonic() + grace
@@ -452,5 +463,5 @@ class Worker:
             )
             return
         self.released = len(given_back)
-        self._settled([f.task.id for f in flights])
+        self._settled([f.held for f in flights])
         logger.info("released %d unfinished tasks for other workers", len(given_back))

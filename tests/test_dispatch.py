@@ -381,12 +381,12 @@ def test_nats_a_relay_killed_while_a_task_waits_to_fall_due_dispatches_it_after_
 ):
     from task_queue.event_stream import head
 
-    soon = enqueue("EchoAgent", "echo", {"way": "soon"}, delay_seconds=4)
+    soon = enqueue("EchoAgent", "echo", {"way": "soon"}, delay_seconds=8)
     late = enqueue("EchoAgent", "echo", {"way": "late"}, delay_seconds=3600)
     with connection.cursor() as cursor:  # the scan's: enqueued two hours before it is due
         cursor.execute(
             "UPDATE tasks SET updated_at = now() - interval '2 hours', "
-            "available_at = now() + interval '4 seconds' WHERE id = %s",
+            "available_at = now() + interval '8 seconds' WHERE id = %s",
             [late.id],
         )
     ns = ["--namespace", nats_namespace]
@@ -426,6 +426,8 @@ def test_nats_dispatched_workers_killed_mid_task_leave_every_task_completed_once
         timeout=60,
         what="the victim to run every task",
     )
+    # Each run's command is held unacknowledged: the dispatch claimed every task.
+    assert consumer_state(nats_namespace) == (0, 6)
     victim.kill()
     manage_processes("runmaintenance")  # the reaper
     manage_processes(*worker, "--lease", "3", "--concurrency", "6", env=QUIET)
@@ -443,3 +445,29 @@ def test_nats_dispatched_workers_killed_mid_task_leave_every_task_completed_once
         for command in commands
     )
     assert reasons == {"new_task": 6, "lease_expired": 6}
+
+
+@needs_nats
+def test_nats_a_command_whose_task_waits_on_its_agents_limit_is_delivered_again(
+    manage_processes, nats_namespace
+):
+    """EchoAgent may run one task at a time: the commands of the other two find their
+    tasks due but over the limit, and are delivered again (not acknowledged and
+    dropped) until each can run. The workers' own claim is off (--poll 3600)."""
+    from task_queue.limits import set_limits
+
+    set_limits("EchoAgent", concurrency_limit=1, actor="test")
+    tasks = [enqueue("EchoAgent", "echo", {"sleep_ms": 300}) for _ in range(3)]
+    ids = [t.id for t in tasks]
+    ns = ["--namespace", nats_namespace]
+    manage_processes("relay_events", "--to", NATS_URL, *ns, "--dispatch", env=QUIET)
+    manage_processes(
+        "runworker", "EchoAgent", "--dispatch", NATS_URL, *ns, "--poll", "3600", env=QUIET
+    )
+    wait_for(
+        lambda: Task.objects.filter(id__in=ids, status="completed").count() == len(ids),
+        timeout=60,
+        what="every task completed, one at a time",
+    )
+    check_completed_once(ids)
+    wait_for(lambda: consumer_state(nats_namespace) == (0, 0), what="every command acked")

@@ -1,5 +1,5 @@
 """Where ``relay_events --dispatch`` stopped its scan of due times, beside the event
-cursor of the same destination: two nullable columns, added without a rewrite."""
+cursor of the same destination: a nullable column, added without a rewrite."""
 
 from django.db import migrations, models
 
@@ -14,10 +14,5 @@ class Migration(migrations.Migration):
             model_name="eventrelaycursor",
             name="dispatched_through",
             field=models.DateTimeField(blank=True, null=True),
-        ),
-        migrations.AddField(
-            model_name="eventrelaycursor",
-            name="dispatched_through_id",
-            field=models.UUIDField(blank=True, null=True),
         ),
     ]

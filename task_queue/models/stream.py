@@ -85,10 +85,8 @@ class EventRelayCursor(models.Model):
     position = models.BigIntegerField(default=0)
     relayed = models.BigIntegerField(default=0)  # events confirmed, in all runs
     updated_at = models.DateTimeField(db_default=Now())
-    # With --dispatch: every task due by (dispatched_through, dispatched_through_id),
-    # in (available_at, id) order, has had its command published.
+    # With --dispatch: every task due by then has had its command published.
     dispatched_through = models.DateTimeField(null=True, blank=True)
-    dispatched_through_id = models.UUIDField(null=True, blank=True)
 
     class Meta:
         db_table = "event_relay_cursors"

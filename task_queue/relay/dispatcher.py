@@ -49,8 +49,8 @@ EVENT_REASONS = {
     "evt.task.revived.v1": "revived",
     "evt.task.updated.v1": None,  # an operator's edit: as a scan would say
 }
-_FIRST = (datetime.min.replace(tzinfo=UTC), uuid.UUID(int=0))
-_LAST_ID = uuid.UUID(int=(1 << 128) - 1)
+_FIRST = datetime.min.replace(tzinfo=UTC)
+_TICK = timedelta(microseconds=1)  # a timestamptz's resolution
 
 
 def _reason_by_attempts(attempts: int) -> str:
@@ -80,11 +80,12 @@ class Dispatcher:
         self.behind = False  # the last scan filled its page: more may be due now
 
     def start(self) -> None:
-        """Resume from the bookmark: read back the tasks that waited in memory."""
+        """Resume from the bookmark: read back the tasks that waited in memory (due
+        within the horizon of their change, so by now + the horizon at the latest)."""
         self.bookmark = dispatching.dispatch_bookmark(self.destination) or _FIRST
         rows = dispatching.due_tasks(
             after=self.bookmark,
-            through=datetime.max.replace(tzinfo=UTC),
+            through=db.database_clock() + timedelta(seconds=HORIZON_SECONDS),
             limit=RECOVERY_LIMIT,
             min_lead=0.0,
             max_lead=HORIZON_SECONDS,
@@ -92,19 +93,16 @@ class Dispatcher:
         for task_id, _agent, attempts, due_at, _trace in rows:
             heapq.heappush(self._waiting, _Waiting(due_at, task_id, _reason_by_attempts(attempts)))
 
-    def due(self, events: Sequence[Envelope]) -> tuple[list[Dispatch], tuple[datetime, uuid.UUID]]:
+    def due(self, events: Sequence[Envelope]) -> tuple[list[Dispatch], datetime]:
         """The commands to publish now, given the events just read, and the bookmark
         to record once they are confirmed (:meth:`published`)."""
         for waiting in self._unconfirmed:  # the last commands were not confirmed
             heapq.heappush(self._waiting, waiting)
         self._unconfirmed = []
         through = db.database_clock()
-        scanned = dispatching.due_tasks(
-            after=self.bookmark, through=through, limit=self.batch, min_lead=HORIZON_SECONDS
+        scanned, bookmark, self.behind = self._page(
+            self.bookmark, through, min_lead=HORIZON_SECONDS
         )
-        self.behind = len(scanned) == self.batch
-        # A full page: more may be due, so the bookmark goes only as far as the page.
-        bookmark = (scanned[-1][3], scanned[-1][0]) if self.behind else (through, _LAST_ID)
         commands = [
             Dispatch(task_id, agent, _reason_by_attempts(attempts), attempts, due_at, trace)
             for task_id, agent, attempts, due_at, trace in scanned
@@ -117,18 +115,34 @@ class Dispatcher:
         if reasons:
             rows = dispatching.dispatchable(list(reasons), horizon=HORIZON_SECONDS)
             for task_id, agent, attempts, due_at, trace, near in rows:
-                if not near:
-                    continue  # the scan's, when it falls due
+                # A task due later is the scan's, unless the scan has passed its due
+                # time already (its row committed late: a long transaction).
+                if not near and due_at > self.bookmark:
+                    continue
                 reason = reasons[task_id] or _reason_by_attempts(attempts)
-                if due_at <= bookmark[0]:
+                if due_at <= through:
                     commands.append(Dispatch(task_id, agent, reason, attempts, due_at, trace))
                 else:
                     heapq.heappush(self._waiting, _Waiting(due_at, task_id, reason))
-        commands += self._fall_due(bookmark[0])
+        commands += self._fall_due(through)
         commands += self._republish(through)
         return commands, bookmark
 
-    def published(self, bookmark: tuple[datetime, uuid.UUID]) -> None:
+    def _page(
+        self, after: datetime, through: datetime, **leads: float
+    ) -> tuple[list[tuple], datetime, bool]:
+        """Tasks due in (after, through], at least a batch of them where there are
+        more, ending with every task of the last due time read; how far that went, and
+        whether more are due by ``through``."""
+        rows = dispatching.due_tasks(after=after, through=through, limit=self.batch, **leads)
+        if len(rows) < self.batch:
+            return rows, through, False
+        last = rows[-1][3]
+        rows = [row for row in rows if row[3] < last]
+        rows += dispatching.due_tasks(after=last - _TICK, through=last, limit=None, **leads)
+        return rows, last, True
+
+    def published(self, bookmark: datetime) -> None:
         """The broker confirmed the commands of :meth:`due`: move the bookmark."""
         self.bookmark = bookmark
         self._unconfirmed = []
@@ -157,12 +171,9 @@ class Dispatcher:
         if time.monotonic() < self._next_republish:
             return []
         self._next_republish = time.monotonic() + self.republish_seconds
-        rows = dispatching.due_tasks(
-            after=self._republish_from,
-            through=now - timedelta(seconds=self.republish_seconds),
-            limit=self.batch,
-        )
-        self._republish_from = (rows[-1][3], rows[-1][0]) if len(rows) == self.batch else _FIRST
+        stale = now - timedelta(seconds=self.republish_seconds)
+        rows, reached, more = self._page(self._republish_from, stale)
+        self._republish_from = reached if more else _FIRST
         return [
             Dispatch(task_id, agent, _reason_by_attempts(attempts), attempts, due_at, trace, True)
             for task_id, agent, attempts, due_at, trace in rows

@@ -27,6 +27,13 @@ DURABLE = "automechanica"
 # How long JetStream waits for a dispatched worker's ack before delivering again; the
 # worker says it is still working every third of it.
 DISPATCH_ACK_WAIT_SECONDS = 30.0
+# The most dispatch commands one agent's workers may hold unacknowledged (one per task
+# they run); JetStream's default, 1,000, would stall a larger fleet.
+DISPATCH_MAX_ACK_PENDING = 100_000
+# How long GRNS_CMD, when this creates it, keeps a command (acknowledged or not): a
+# dispatch command a week old is long covered by republishing, and a consumer made
+# anew replays no more than that. (GRNS_EVT and GRNS_DLQ keep theirs.)
+COMMANDS_MAX_AGE_SECONDS = 7 * 24 * 3600
 
 
 logger = logging.getLogger(__name__)
@@ -128,7 +135,11 @@ async def _connect(url: str, names: Names) -> tuple[nats.NATS, object]:
         error_cb=_log_error,
     )
     js = nc.jetstream()
-    for name, subjects in (("GRNS_EVT", "evt.>"), ("GRNS_CMD", "cmd.>"), ("GRNS_DLQ", "dlq.>")):
+    for name, subjects, max_age in (
+        ("GRNS_EVT", "evt.>", None),
+        ("GRNS_CMD", "cmd.>", COMMANDS_MAX_AGE_SECONDS),
+        ("GRNS_DLQ", "dlq.>", None),
+    ):
         try:
             await js.stream_info(names.stream(name))
         except NotFoundError:
@@ -137,6 +148,7 @@ async def _connect(url: str, names: Names) -> tuple[nats.NATS, object]:
                     name=names.stream(name),
                     subjects=[names.subject(subjects)],
                     duplicate_window=DUPLICATE_WINDOW_SECONDS,
+                    max_age=max_age,
                 )
             )
     return nc, js
@@ -158,7 +170,9 @@ class JetStreamDispatchSource:
 
     async def connect(self, agents: list[str], prefetch: int) -> None:
         self.nc, js = await _connect(self.url, self.names)
-        config = ConsumerConfig(ack_wait=DISPATCH_ACK_WAIT_SECONDS)
+        config = ConsumerConfig(
+            ack_wait=DISPATCH_ACK_WAIT_SECONDS, max_ack_pending=DISPATCH_MAX_ACK_PENDING
+        )
         self.subscriptions = [
             await js.pull_subscribe(
                 self.names.subject(kind_for(agent)),

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 import aio_pika
+import aiormq
 
 from task_queue.dispatch_follower import Delivery
 from task_queue.event_stream import Envelope
@@ -23,8 +24,15 @@ PREFETCH = 8
 
 
 class RabbitMQBridge:
-    # What an unreachable or restarting broker raises: the relay reconnects.
-    errors = (aio_pika.exceptions.AMQPError, OSError, asyncio.TimeoutError)
+    # What an unreachable or restarting broker raises: the relay reconnects. (An ack
+    # or publish on a channel the broker closed raises ChannelInvalidStateError, a
+    # RuntimeError.)
+    errors = (
+        aio_pika.exceptions.AMQPError,
+        aiormq.exceptions.ChannelInvalidStateError,
+        OSError,
+        asyncio.TimeoutError,
+    )
 
     def __init__(self, url: str, names: Names, *, confirm_timeout: float) -> None:
         self.url = url
@@ -151,8 +159,9 @@ async def _declare_agent_queue(
 class RabbitMQDispatchSource:
     """A worker's dispatch commands: it consumes each agent's queue, with at most
     ``prefetch`` (its concurrency) unacknowledged, so the broker sends no more than
-    the worker can start. (RabbitMQ's consumer_timeout, 30 minutes by default, bounds
-    how long a task may run before its command is delivered again.)"""
+    the worker can start. A task running longer than RabbitMQ's consumer_timeout (30
+    minutes by default) makes the broker close the channel: the follower reconnects,
+    and the commands it held are delivered again (their claims answer 409)."""
 
     errors = RabbitMQBridge.errors
     ack_wait_seconds = 60.0  # nothing to renew: in_progress does nothing
@@ -164,7 +173,7 @@ class RabbitMQDispatchSource:
 
     async def connect(self, agents: list[str], prefetch: int) -> None:
         self.connection = await aio_pika.connect(self.url, timeout=5)
-        channel = await self.connection.channel()
+        self.channel = channel = await self.connection.channel()
         await channel.set_qos(prefetch_count=max(prefetch, 1))
         exchange = await channel.declare_exchange(
             self.names.amqp("grns.cmd"), aio_pika.ExchangeType.TOPIC, durable=True
@@ -175,8 +184,8 @@ class RabbitMQDispatchSource:
             await queue.consume(self.inbox.put)
 
     async def next(self, limit: int) -> list[Delivery]:
-        if self.connection is None or self.connection.is_closed:
-            raise ConnectionError("the dispatch connection closed")
+        if self.connection is None or self.connection.is_closed or self.channel.is_closed:
+            raise ConnectionError("the dispatch connection or channel closed")
         try:
             messages = [await asyncio.wait_for(self.inbox.get(), 1.0)]
         except TimeoutError:

@@ -29,11 +29,13 @@ def dispatchable(ids: list[UUID], *, horizon: float) -> list[tuple]:
     return fetch(DISPATCHABLE, {"ids": ids, "horizon": horizon})
 
 
-# Pending tasks of agents not paused, due in ((after_at, after_id), through], in that
-# order, each agent's from tasks_pending_due_idx (agent_name, available_at); the agents
-# with pending tasks come from the running totals (task_counts). ``min_lead`` and
+# Pending tasks of agents not paused, due in (after, through], in due order, each
+# agent's from tasks_pending_due_idx (agent_name, available_at); the agents with
+# pending tasks come from the running totals (task_counts). ``min_lead`` and
 # ``max_lead`` (seconds, or null for no bound) keep only tasks that fell due that long
-# after their last change.
+# after their last change. ``limit`` null: all of them (a page's last due time, whole:
+# the tasks of one batch enqueue share it, and paging inside it by id would sort
+# the whole group again for each page).
 DUE_TASKS = """
 SELECT t.id, t.agent_name, t.attempts, t.available_at, t.trace_id
 FROM (
@@ -44,34 +46,32 @@ CROSS JOIN LATERAL (
     SELECT id, agent_name, attempts, available_at, trace_id
     FROM tasks
     WHERE status = 'pending' AND agent_name = a.agent_name
-      AND available_at >= %(after_at)s AND available_at <= %(through)s
-      AND (available_at, id) > (%(after_at)s, %(after_id)s)
+      AND available_at > %(after)s AND available_at <= %(through)s
       AND (%(min_lead)s::float8 IS NULL
            OR available_at > updated_at + make_interval(secs => %(min_lead)s::float8))
       AND (%(max_lead)s::float8 IS NULL
            OR available_at <= updated_at + make_interval(secs => %(max_lead)s::float8))
-    ORDER BY available_at, id
+    ORDER BY available_at
     LIMIT %(limit)s
 ) AS t
 WHERE NOT EXISTS (SELECT FROM paused_agents p WHERE p.agent_name = a.agent_name)
-ORDER BY t.available_at, t.id
+ORDER BY t.available_at
 LIMIT %(limit)s
 """
 
 
 def due_tasks(
     *,
-    after: tuple[datetime, UUID],
+    after: datetime,
     through: datetime,
-    limit: int,
+    limit: int | None,
     min_lead: float | None = None,
     max_lead: float | None = None,
 ) -> list[tuple]:
     """(id, agent, attempts, available_at, trace_id) of pending tasks due after ``after``
-    and by ``through``, in (available_at, id) order, at most ``limit``."""
+    and by ``through``, in due order, at most ``limit`` (None: all)."""
     params = {
-        "after_at": after[0],
-        "after_id": after[1],
+        "after": after,
         "through": through,
         "limit": limit,
         "min_lead": min_lead,
@@ -81,27 +81,22 @@ def due_tasks(
 
 
 DISPATCH_BOOKMARK = """
-SELECT dispatched_through, dispatched_through_id FROM event_relay_cursors
-WHERE destination = %(destination)s
+SELECT dispatched_through FROM event_relay_cursors WHERE destination = %(destination)s
 """
 
 
-def dispatch_bookmark(destination: str) -> tuple[datetime, UUID] | None:
+def dispatch_bookmark(destination: str) -> datetime | None:
     """Where the dispatcher's scan of due times stopped, or None before its first run."""
     rows = fetch(DISPATCH_BOOKMARK, {"destination": destination})
-    return rows[0] if rows and rows[0][0] is not None else None
+    return rows[0][0] if rows else None
 
 
 ADVANCE_DISPATCH_BOOKMARK = """
-UPDATE event_relay_cursors
-SET dispatched_through = %(at)s, dispatched_through_id = %(id)s
+UPDATE event_relay_cursors SET dispatched_through = %(at)s
 WHERE destination = %(destination)s
 """
 
 
-def advance_dispatch_bookmark(destination: str, bookmark: tuple[datetime, UUID]) -> None:
+def advance_dispatch_bookmark(destination: str, bookmark: datetime) -> None:
     """Record that every task due by ``bookmark`` has had its command published."""
-    execute(
-        ADVANCE_DISPATCH_BOOKMARK,
-        {"destination": destination, "at": bookmark[0], "id": bookmark[1]},
-    )
+    execute(ADVANCE_DISPATCH_BOOKMARK, {"destination": destination, "at": bookmark})
