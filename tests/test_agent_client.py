@@ -1,7 +1,8 @@
 """The standalone agent client (clients/python), installed into a venv of its own that
-has no Django and no psycopg, run as its CLI against a real daphne: it completes and
-fails tasks with progress, stops a cancelled task, waits out a server restart, and on
-SIGTERM gives its running tasks back."""
+has no Django and no psycopg (with the nats extra), run as its CLI against a real
+daphne: it completes and fails tasks with progress, stops a cancelled task, waits out
+a server restart, on SIGTERM gives its running tasks back, and follows dispatch
+commands on the real NATS instead of long-polling."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from automechanica.api import bench_remote
 from task_queue import operations
 from task_queue.models import Task, TaskHistory
 from tests.support.api import token
+from tests.support.brokers import NATS_URL, needs_nats
 from tests.support.server import http
 from tests.support.waiting import wait_for
 
@@ -33,8 +35,8 @@ def echo(task):
 
 @pytest.fixture(scope="module")
 def client_venv(tmp_path_factory) -> Path:
-    """A venv with only the client installed (pip install ./clients/python)."""
-    venv = bench_remote.client_venv(tmp_path_factory.mktemp("client") / "venv")
+    """A venv with only the client installed (pip install './clients/python[nats]')."""
+    venv = bench_remote.client_venv(tmp_path_factory.mktemp("client") / "venv", "[nats]")
     no_django = subprocess.run([str(venv / "bin" / "python"), "-c", "import django"])
     assert no_django.returncode != 0, "the client's venv must not have Django"
     return venv
@@ -133,3 +135,38 @@ def test_the_client_stops_a_cancelled_task_and_gives_tasks_back_on_sigterm(live_
     assert set(
         TaskHistory.objects.filter(task_id__in=slow[1:]).values_list("event", flat=True)
     ) == {"released"}
+
+
+@needs_nats
+def test_the_client_follows_dispatch_commands(
+    live_servers, clients, manage_processes, nats_namespace
+):
+    """--dispatch: the client takes relay_events --dispatch's commands from NATS (no long
+    poll) and claims each task by id; a duplicate command gets a 409 and is acked."""
+    from tests.test_dispatch import (
+        commands_by_task,
+        consumer_state,
+        duplicate,
+        nats_commands,
+        nats_publish,
+    )
+
+    server = live_servers()
+    key = token("write", "client", ("EchoAgent",))
+    tasks = [operations.enqueue("EchoAgent", "echo", {"n": n}) for n in range(20)]
+    ids = [t.id for t in tasks]
+    ns = ["--namespace", nats_namespace]
+    manage_processes("relay_events", "--to", NATS_URL, *ns, "--dispatch",
+                     env={"QUEUE_DISPATCH_REPUBLISH_SECONDS": "3600"})  # fmt: skip
+    wait_for(
+        lambda: len(commands_by_task(nats_commands(nats_namespace))) == len(ids),
+        what="the relay's commands",
+    )
+    nats_publish(nats_namespace, [duplicate(Task.objects.get(id=i)) for i in ids[:5]])
+    clients(server.url, key, "--worker", "follower:1", "--concurrency", "4",
+            "--dispatch", NATS_URL, *ns)  # fmt: skip
+    wait_for(lambda: finished(ids), timeout=60, what="every task done")
+    completed = TaskHistory.objects.filter(task_id__in=ids, event="completed")
+    assert sorted(completed.values_list("task_id", flat=True)) == sorted(ids)
+    assert set(completed.values_list("actor", flat=True)) == {"follower:1"}
+    wait_for(lambda: consumer_state(nats_namespace) == (0, 0), what="every command acked")

@@ -34,8 +34,9 @@ CLIENT = Path(settings.BASE_DIR) / "clients" / "python"
 HANDLER = "def echo(task):\n    return {}\n"
 
 
-def client_venv(venv: Path) -> Path:
-    """A venv at ``venv`` with the agent client installed (made once: kept if there)."""
+def client_venv(venv: Path, extras: str = "") -> Path:
+    """A venv at ``venv`` with the agent client installed, with ``extras`` ("[nats]")
+    if given (made once: kept if there)."""
     python = venv / "bin" / "python"
     if (venv / "bin" / "automechanica-agent").exists():
         return venv
@@ -46,7 +47,7 @@ def client_venv(venv: Path) -> Path:
     else:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         install = [str(python), "-m", "pip", "install", "-q"]
-    subprocess.run([*install, str(CLIENT)], check=True, timeout=600)
+    subprocess.run([*install, f"{CLIENT}{extras}"], check=True, timeout=600)
     return venv
 
 

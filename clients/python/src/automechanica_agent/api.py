@@ -84,6 +84,12 @@ class Api:
         answer = self.post(path, body, read_timeout=wait_seconds + 30)
         return answer["tasks"]
 
+    def claim_task(self, task_id: str, worker: str, lease_seconds: float) -> dict[str, Any]:
+        """Claim the named task (a dispatch command's): the task, or :class:`ApiError`
+        409 with the reason (``body["code"]``)."""
+        body = {"worker": worker, "lease_seconds": lease_seconds}
+        return self.post(f"/api/v1/tasks/{quote(task_id, safe='')}/claim", body)
+
     def heartbeat(
         self, task_id: str, lease_token: str, progress: tuple[float, str] | None
     ) -> dict[str, Any]:

@@ -39,6 +39,10 @@ def parser() -> argparse.ArgumentParser:
                    help="long poll (10); a stop waits for one in flight")  # fmt: skip
     p.add_argument("--grace-seconds", type=float, default=10.0,
                    help="on SIGTERM, how long running tasks may finish (10)")  # fmt: skip
+    p.add_argument("--dispatch", metavar="NATS_URL",
+                   help="follow relay_events --dispatch's commands on NATS instead of "
+                   "long-polling (needs the nats extra)")  # fmt: skip
+    p.add_argument("--namespace", default="", help="as relay_events --namespace")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -57,6 +61,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, ImportError) as error:
         print(f"automechanica-agent: {error}", file=sys.stderr)
         return 2
+    dispatch = None
+    if args.dispatch:
+        try:
+            from .dispatch import NatsCommands
+        except ImportError:
+            print("automechanica-agent: --dispatch needs the nats extra "
+                  "(pip install './clients/python[nats]')", file=sys.stderr)  # fmt: skip
+            return 2
+        dispatch = NatsCommands(args.dispatch, args.agent, args.namespace)
     runner = Runner(
         args.api,
         args.token,
@@ -67,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lease_seconds=args.lease_seconds,
         wait_seconds=args.wait_seconds,
         grace_seconds=args.grace_seconds,
+        dispatch=dispatch,
     )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: runner.stop())

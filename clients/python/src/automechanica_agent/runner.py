@@ -3,7 +3,11 @@ a worker (docs/remote-agents.md).
 
 Threads:
 
-- the claimer long-polls for as many tasks as there are free slots;
+- the claimer long-polls for as many tasks as there are free slots; or, following
+  dispatch commands (``dispatch``: :class:`~automechanica_agent.dispatch.NatsCommands`),
+  takes as many commands and claims each one's task by id, acknowledging the command
+  once the task's outcome was accepted (at once for a task it cannot claim, or later
+  again for one over its agent's limit);
 - ``concurrency`` handler threads run the handler, one task each;
 - the heartbeater extends every held lease at a third of its length until its
   outcome is acknowledged, sending the latest progress, and stops a task whose lease
@@ -57,6 +61,7 @@ class Runner:
         wait_seconds: float = 10.0,
         grace_seconds: float = 10.0,
         batch_size: int = 100,
+        dispatch: Any = None,
     ) -> None:
         self.agent = agent
         self.handler = handler
@@ -66,6 +71,8 @@ class Runner:
         self.wait_seconds = wait_seconds
         self.grace_seconds = grace_seconds
         self.batch_size = batch_size
+        self._dispatch = dispatch
+        self._commands: dict[str, Any] = {}  # a claimed task's dispatch command
         # Claims have a client of their own (its long polls outlast the others' timeouts).
         self._claims = Api(url, token, timeout=wait_seconds + 30)
         self._api = Api(url, token)
@@ -91,7 +98,8 @@ class Runner:
         """Work until :meth:`stop`; returns how many outcomes of each kind were sent."""
         sender = threading.Thread(target=self._send_loop, name="sender")
         beater = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
-        claimer = threading.Thread(target=self._claim_loop, name="claimer", daemon=True)
+        claim_loop = self._claim_loop if self._dispatch is None else self._follow_loop
+        claimer = threading.Thread(target=claim_loop, name="claimer", daemon=True)
         handlers = [
             threading.Thread(target=self._handle_loop, name=f"handler-{i}", daemon=True)
             for i in range(self.concurrency)
@@ -138,18 +146,24 @@ class Runner:
         sender.join(60)
         self._done.set()
         self._api.close()
+        if self._dispatch is not None:  # commands not acknowledged are delivered again
+            self._dispatch.close()
 
     # ------------------------------------------------------------ claiming
 
+    def _free_slots(self) -> int:
+        """A slot per handler; and no more leases than twice the slots, finished ones
+        waiting for their outcome's answer included (a server refusing outcomes must
+        not have this worker take, and heartbeat, task after task)."""
+        free = min(self.concurrency - self._running, 2 * self.concurrency - len(self._held))
+        if free <= 0:
+            self._slot_free.wait(1.0)
+            self._slot_free.clear()
+        return free
+
     def _claim_loop(self) -> None:
         while not self._stopping.is_set():
-            # A slot per handler; and no more leases than twice the slots, finished ones
-            # waiting for their outcome's answer included (a server refusing outcomes
-            # must not have this worker take, and heartbeat, task after task).
-            free = min(self.concurrency - self._running, 2 * self.concurrency - len(self._held))
-            if free <= 0:
-                self._slot_free.wait(1.0)
-                self._slot_free.clear()
+            if (free := self._free_slots()) <= 0:
                 continue
             began = time.monotonic()
             try:
@@ -167,6 +181,40 @@ class Runner:
             if not tasks and time.monotonic() - began < min(self.wait_seconds, 1.0):
                 # Answered at once with nothing (a server that does not wait): no spin.
                 self._stopping.wait(1.0)
+
+    def _follow_loop(self) -> None:
+        while not self._stopping.is_set():
+            if (free := self._free_slots()) <= 0:
+                continue
+            try:
+                commands = self._dispatch.fetch(free)
+            except Exception as error:  # the claimer must outlive any one broker error
+                if not self._stopping.is_set():
+                    logger.warning("taking dispatch commands failed (%r); again in 1 s", error)
+                    self._stopping.wait(1.0)
+                continue
+            for command in commands:
+                self._claim_dispatched(command)
+
+    def _claim_dispatched(self, command: Any) -> None:
+        try:
+            task = Task.from_claim(
+                self._claims.claim_task(command.task_id, self.worker, self.lease_seconds)
+            )
+        except ApiError as error:
+            reason = error.body.get("code") if isinstance(error.body, dict) else None
+            if reason == "over_limit":  # due, but its agent is at a limit: a little later
+                self._dispatch.later(command, 1.0)
+            else:  # done, held, not due, paused, unknown, not ours: nothing to run
+                self._dispatch.ack(command)
+            return
+        except Exception as error:  # the server down: the broker delivers it again
+            logger.warning("claiming task %s failed (%r)", command.task_id, error)
+            self._dispatch.later(command, 1.0)
+            return
+        with self._lock:
+            self._commands[task.id] = command
+        self._start(task)
 
     def _start(self, task: Task) -> None:
         with self._lock:
@@ -230,9 +278,13 @@ class Runner:
         self._outcomes.put({"task_id": task.id, "lease_token": task.lease_token, **outcome})
 
     def _forget(self, task_id: str) -> None:
+        """The task's outcome was answered (or its lease lost): it is done here."""
         with self._lock:
             self._held.pop(task_id, None)
             self._settled.discard(task_id)
+            command = self._commands.pop(task_id, None)
+        if command is not None:
+            self._dispatch.ack(command)
         self._slot_free.set()
 
     # ------------------------------------------------------------ heartbeats
