@@ -182,14 +182,20 @@ def _rows_planned(statement: str) -> int:
 
 @pytest.mark.parametrize(
     "set_up",
-    [leasing.prepare_claim_session, outcomes.prepare_outcome_session],
-    ids=["fetch loop", "outcome writer"],
+    [
+        leasing.prepare_claim_session,
+        outcomes.prepare_outcome_session,
+        leasing.prepare_claim_transaction,
+        outcomes.prepare_outcome_transaction,
+    ],
+    ids=["fetch loop", "outcome writer", "remote claim", "remote outcomes"],
 )
 def test_a_workers_sessions_plan_again_once_tasks_has_doubled(set_up, new_connection, monkeypatch):
-    # Both of a worker's sessions keep generic plans; a statement here stands for
-    # theirs, its plan made while tasks is empty. Small growth keeps it; a table grown
-    # to twice its size (and 1 MB at least) has it made again, once; after the table
-    # shrank, twice its smaller size does.
+    # Both of a worker's sessions keep generic plans, and so do the web server's pooled
+    # connections for the worker protocol over HTTP (their settings per transaction);
+    # a statement here stands for theirs, its plan made while tasks is empty. Small
+    # growth keeps it; a table grown to twice its size (and 1 MB at least) has it made
+    # again, once; after the table shrank, twice its smaller size does.
     monkeypatch.setattr(db, "PLANS_CHECKED_EVERY_SECONDS", 0)
     with _autovacuum_off("tasks"):
         _analysed_empty()

@@ -112,7 +112,8 @@ def prepare_claim_transaction() -> datetime:
     """The claim's settings until the current transaction ends (call it inside one),
     for a connection that is not the claimer's own: the web server's, from its pool.
     Returns the transaction's clock: a lease granted in it for L seconds ends at this
-    time plus L."""
+    time plus L. Its plans are made again as the table grows, as a worker's are."""
+    remake_plans_when_grown("tasks")
     return fetch(PREPARE_CLAIM_TRANSACTION, {})[0][-1]
 
 

@@ -94,7 +94,9 @@ def prepare_outcome_session() -> None:
 
 
 def prepare_outcome_transaction() -> None:
-    """The outcome session's settings until the current transaction ends."""
+    """The outcome session's settings until the current transaction ends; its plans
+    made again as the table grows, as the outcome writer's are."""
+    remake_plans_when_grown("tasks")
     execute(PREPARE_OUTCOME_TRANSACTION, {})
 
 
