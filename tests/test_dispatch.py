@@ -157,6 +157,15 @@ def test_nats_relay_dispatches_each_task_as_it_becomes_due_and_never_a_paused_ag
     # task, nor a dead letter.
     assert Task.objects.count() == tasks_before
     assert nats_messages(nats_namespace, "GRNS_DLQ") == []
+    # Once its agent is resumed, the paused agent's task gets its command.
+    paused = ways["paused"][0]
+    operations.resume_agent("SEOAgent", actor="test")
+    [command] = wait_for(
+        lambda: commands_by_task(nats_commands(nats_namespace)).get(str(paused.id)),
+        what="the resumed agent's command",
+    )
+    assert command["kind"] == "cmd.agent.SEOAgent.execute.v1"
+    assert command["payload"]["reason"] == "new_task"
 
 
 async def _consumer(js, namespace: str, agent: str = "EchoAgent"):

@@ -12,15 +12,16 @@ reap, a release, a revive):
 
 So each due occurrence of a task is found once, and its command has a message_id of
 its own (``Dispatch.message_id``). A command is published only for a task still
-pending whose agent is not paused. After a restart the scan resumes from its bookmark,
-and the tasks that were waiting in memory are read again from the table (those due
-within the horizon of their change and after the bookmark).
+pending whose agent is not paused; when an agent is resumed, every task of it due by
+then is published (a batch a pass), with new message ids. After a restart the scan
+resumes from its bookmark, and the tasks that were waiting in memory are read again
+from the table (those due within the horizon of their change and after the bookmark).
 
-A command can still be lost (a broker that drops it, a queue deleted, a task that
-fell due in a paused agent's time): every ``QUEUE_DISPATCH_REPUBLISH_SECONDS`` the
-dispatcher publishes again up to a batch of tasks due longer than that and still
-pending, going round all of them a batch at a time, and ``runworker --dispatch``
-keeps claiming by itself at its poll interval.
+A command can still be lost (a broker that drops it, a queue deleted, an agent
+paused and resumed while the relay was down): every
+``QUEUE_DISPATCH_REPUBLISH_SECONDS`` the dispatcher publishes again up to a batch of
+tasks due longer than that and still pending, going round all of them a batch at a
+time, and ``runworker --dispatch`` keeps claiming by itself at its poll interval.
 """
 
 from __future__ import annotations
@@ -77,12 +78,15 @@ class Dispatcher:
         self._unconfirmed: list[_Waiting] = []  # fell due; their commands not confirmed
         self._republish_from = _FIRST
         self._next_republish = time.monotonic() + republish_seconds
-        self.behind = False  # the last scan filled its page: more may be due now
+        self.behind = False  # the last pass left more due now: run the next at once
+        self._paused: set[str] = set()
+        self._resumed: dict[str, datetime] = {}  # agent → how far its sweep has got
 
     def start(self) -> None:
         """Resume from the bookmark: read back the tasks that waited in memory (due
         within the horizon of their change, so by now + the horizon at the latest)."""
         self.bookmark = dispatching.dispatch_bookmark(self.destination) or _FIRST
+        self._paused = dispatching.paused_agents()
         rows = dispatching.due_tasks(
             after=self.bookmark,
             through=db.database_clock() + timedelta(seconds=HORIZON_SECONDS),
@@ -125,21 +129,43 @@ class Dispatcher:
                 else:
                     heapq.heappush(self._waiting, _Waiting(due_at, task_id, reason))
         commands += self._fall_due(through)
+        commands += self._sweep_resumed(through)
         commands += self._republish(through)
         return commands, bookmark
 
+    def _sweep_resumed(self, through: datetime) -> list[Dispatch]:
+        """The tasks due of agents resumed since the last pass (none was published
+        while they were paused), a page of each such agent a pass."""
+        paused = dispatching.paused_agents()
+        for agent in self._paused - paused:
+            self._resumed[agent] = _FIRST
+        self._paused = paused
+        commands = []
+        for agent, after in list(self._resumed.items()):
+            rows, reached, more = self._page(after, through, agent=agent)
+            if more:
+                self._resumed[agent] = reached
+                self.behind = True
+            else:
+                del self._resumed[agent]
+            commands += [
+                Dispatch(task_id, agent_, _reason_by_attempts(attempts), attempts, due, trace, True)
+                for task_id, agent_, attempts, due, trace in rows
+            ]
+        return commands
+
     def _page(
-        self, after: datetime, through: datetime, **leads: float
+        self, after: datetime, through: datetime, **bounds: float | str
     ) -> tuple[list[tuple], datetime, bool]:
         """Tasks due in (after, through], at least a batch of them where there are
         more, ending with every task of the last due time read; how far that went, and
         whether more are due by ``through``."""
-        rows = dispatching.due_tasks(after=after, through=through, limit=self.batch, **leads)
+        rows = dispatching.due_tasks(after=after, through=through, limit=self.batch, **bounds)
         if len(rows) < self.batch:
             return rows, through, False
         last = rows[-1][3]
         rows = [row for row in rows if row[3] < last]
-        rows += dispatching.due_tasks(after=last - _TICK, through=last, limit=None, **leads)
+        rows += dispatching.due_tasks(after=last - _TICK, through=last, limit=None, **bounds)
         return rows, last, True
 
     def published(self, bookmark: datetime) -> None:

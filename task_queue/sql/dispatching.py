@@ -29,9 +29,9 @@ def dispatchable(ids: list[UUID], *, horizon: float) -> list[tuple]:
     return fetch(DISPATCHABLE, {"ids": ids, "horizon": horizon})
 
 
-# Pending tasks of agents not paused, due in (after, through], in due order, each
-# agent's from tasks_pending_due_idx (agent_name, available_at); the agents with
-# pending tasks come from the running totals (task_counts). ``min_lead`` and
+# Pending tasks of agents not paused (of one agent, if given), due in (after, through],
+# in due order, each agent's from tasks_pending_due_idx (agent_name, available_at); the
+# agents with pending tasks come from the running totals (task_counts). ``min_lead`` and
 # ``max_lead`` (seconds, or null for no bound) keep only tasks that fell due that long
 # after their last change. ``limit`` null: all of them (a page's last due time, whole:
 # the tasks of one batch enqueue share it, and paging inside it by id would sort
@@ -39,7 +39,8 @@ def dispatchable(ids: list[UUID], *, horizon: float) -> list[tuple]:
 DUE_TASKS = """
 SELECT t.id, t.agent_name, t.attempts, t.available_at, t.trace_id
 FROM (
-    SELECT agent_name FROM task_counts WHERE status = 'pending'
+    SELECT agent_name FROM task_counts
+    WHERE status = 'pending' AND (%(agent)s::text IS NULL OR agent_name = %(agent)s::text)
     GROUP BY agent_name HAVING sum(n) > 0
 ) AS a
 CROSS JOIN LATERAL (
@@ -67,6 +68,7 @@ def due_tasks(
     limit: int | None,
     min_lead: float | None = None,
     max_lead: float | None = None,
+    agent: str | None = None,
 ) -> list[tuple]:
     """(id, agent, attempts, available_at, trace_id) of pending tasks due after ``after``
     and by ``through``, in due order, at most ``limit`` (None: all)."""
@@ -76,6 +78,7 @@ def due_tasks(
         "limit": limit,
         "min_lead": min_lead,
         "max_lead": max_lead,
+        "agent": agent,
     }
     return fetch(DUE_TASKS, params)
 
@@ -100,3 +103,10 @@ WHERE destination = %(destination)s
 def advance_dispatch_bookmark(destination: str, bookmark: datetime) -> None:
     """Record that every task due by ``bookmark`` has had its command published."""
     execute(ADVANCE_DISPATCH_BOOKMARK, {"destination": destination, "at": bookmark})
+
+
+PAUSED_AGENTS = "SELECT agent_name FROM paused_agents"
+
+
+def paused_agents() -> set[str]:
+    return {name for (name,) in fetch(PAUSED_AGENTS, {})}
