@@ -142,7 +142,10 @@ def test_the_client_follows_dispatch_commands(
     live_servers, clients, manage_processes, nats_namespace
 ):
     """--dispatch: the client takes relay_events --dispatch's commands from NATS (no long
-    poll) and claims each task by id; a duplicate command gets a 409 and is acked."""
+    poll) and claims each task by id; a duplicate command gets a 409 and is acked, and
+    one whose task is over the agent's limit (two at a time here, four slots) is
+    delivered again until the task can run."""
+    from task_queue.limits import set_limits
     from tests.test_dispatch import (
         commands_by_task,
         consumer_state,
@@ -153,7 +156,8 @@ def test_the_client_follows_dispatch_commands(
 
     server = live_servers()
     key = token("write", "client", ("EchoAgent",))
-    tasks = [operations.enqueue("EchoAgent", "echo", {"n": n}) for n in range(20)]
+    set_limits("EchoAgent", concurrency_limit=2, actor="test")
+    tasks = [operations.enqueue("EchoAgent", "echo", {"work_seconds": 0.1}) for _ in range(20)]
     ids = [t.id for t in tasks]
     ns = ["--namespace", nats_namespace]
     manage_processes("relay_events", "--to", NATS_URL, *ns, "--dispatch",

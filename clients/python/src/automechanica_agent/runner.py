@@ -202,7 +202,8 @@ class Runner:
                 self._claims.claim_task(command.task_id, self.worker, self.lease_seconds)
             )
         except ApiError as error:
-            reason = error.body.get("code") if isinstance(error.body, dict) else None
+            details = error.body.get("details") if isinstance(error.body, dict) else None
+            reason = details.get("reason") if isinstance(details, dict) else None
             if reason == "over_limit":  # due, but its agent is at a limit: a little later
                 self._dispatch.later(command, 1.0)
             else:  # done, held, not due, paused, unknown, not ours: nothing to run
