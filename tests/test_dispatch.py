@@ -7,10 +7,13 @@ once the outcome is committed. Each test works under its own namespace."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
+import subprocess
 import uuid
 from collections import Counter
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -26,6 +29,7 @@ from tests.support.brokers import (
     AMQP_URL,
     NATS_URL,
     jetstream,
+    listening,
     nats_messages,
     needs_nats,
     needs_rabbitmq,
@@ -35,8 +39,9 @@ from tests.support.brokers import (
 )
 from tests.support.processes import run_manage
 from tests.support.queue import OWNER, make_failed
+from tests.support.server import free_port
 from tests.support.waiting import wait_for
-from tests.test_relay import cursor_at
+from tests.test_relay import NATS_SERVER, cursor_at
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -480,3 +485,52 @@ def test_nats_a_command_whose_task_waits_on_its_agents_limit_is_delivered_again(
     )
     check_completed_once(ids)
     wait_for(lambda: consumer_state(nats_namespace) == (0, 0), what="every command acked")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("nats") is None or not Path(NATS_SERVER).exists(),
+    reason="needs the nats extra and the nats-server binary",
+)
+def test_a_dispatched_worker_and_the_relay_ride_out_a_broker_restart(manage_processes, tmp_path):
+    """A NATS server of the test's own is killed under a dispatched worker and the
+    relay, and started again: both reconnect, and the tasks enqueued meanwhile run
+    through their commands (the worker's own claim is off: --poll 3600)."""
+    port = free_port()
+    url = f"nats://127.0.0.1:{port}"
+
+    def start_server() -> subprocess.Popen:
+        server = subprocess.Popen(
+            [NATS_SERVER, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(tmp_path / "js")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for(lambda: listening(port), what="nats-server to listen")
+        return server
+
+    server = start_server()
+    try:
+        first = [enqueue("EchoAgent", "echo", {"n": n}).id for n in range(5)]
+        manage_processes("relay_events", "--to", url, "--dispatch", env=QUIET)
+        worker = manage_processes(
+            "runworker", "EchoAgent", "--dispatch", url, "--poll", "3600", env=QUIET
+        )
+        wait_for(
+            lambda: Task.objects.filter(id__in=first, status="completed").count() == 5,
+            timeout=60,
+            what="the first tasks done",
+        )
+        server.kill()
+        server.wait()
+        later = [enqueue("EchoAgent", "echo", {"n": n}).id for n in range(5, 10)]
+        wait_for(lambda: "dispatch broker unavailable" in worker.log(), what="the worker to notice")
+        server = start_server()
+        wait_for(
+            lambda: Task.objects.filter(id__in=later, status="completed").count() == 5,
+            timeout=90,
+            what="the tasks enqueued while the broker was down done",
+        )
+        check_completed_once([*first, *later])
+    finally:
+        server.kill()
+        server.wait()
