@@ -124,6 +124,7 @@ def tasks_becoming_due_every_way() -> dict[str, tuple[Task, str]]:
 
 
 @needs_nats
+@pytest.mark.slow
 def test_nats_relay_dispatches_each_task_as_it_becomes_due_and_never_a_paused_agents(
     manage_processes, nats_namespace
 ):
@@ -222,6 +223,7 @@ def duplicate(task: Task) -> bytes:
 
 
 @needs_nats
+@pytest.mark.slow
 def test_nats_dispatched_workers_run_every_task_once_through_duplicates_and_garbage(
     manage_processes, nats_namespace
 ):
@@ -257,6 +259,7 @@ def test_nats_dispatched_workers_run_every_task_once_through_duplicates_and_garb
 
 
 @needs_nats
+@pytest.mark.slow
 def test_nats_a_lost_command_is_covered_by_the_workers_claim_and_by_republishing(
     manage_processes, nats_namespace
 ):
@@ -300,6 +303,7 @@ def test_nats_a_lost_command_is_covered_by_the_workers_claim_and_by_republishing
 
 
 @needs_rabbitmq
+@pytest.mark.slow
 def test_rabbitmq_dispatch_runs_every_task_once_and_never_becomes_a_task(
     manage_processes, rabbitmq_namespace
 ):
@@ -390,6 +394,7 @@ def test_a_dispatch_command_is_built_and_read_back():
 
 
 @needs_nats
+@pytest.mark.slow
 def test_nats_a_relay_killed_while_a_task_waits_to_fall_due_dispatches_it_after_its_restart(
     manage_processes, nats_namespace
 ):
@@ -422,6 +427,7 @@ def test_nats_a_relay_killed_while_a_task_waits_to_fall_due_dispatches_it_after_
 
 
 @needs_nats
+@pytest.mark.slow
 def test_nats_dispatched_workers_killed_mid_task_leave_every_task_completed_once(
     manage_processes, nats_namespace
 ):
@@ -462,6 +468,7 @@ def test_nats_dispatched_workers_killed_mid_task_leave_every_task_completed_once
 
 
 @needs_nats
+@pytest.mark.slow
 def test_nats_a_command_whose_task_waits_on_its_agents_limit_is_delivered_again(
     manage_processes, nats_namespace
 ):
