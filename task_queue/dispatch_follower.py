@@ -145,6 +145,8 @@ class Follower:
                 in_progress = asyncio.ensure_future(self._keep_in_progress())
                 try:
                     await self._take()
+                    if self._settling:  # stopping: the last acks go out before the close
+                        await asyncio.wait(list(self._settling), timeout=5)
                 finally:
                     in_progress.cancel()
             except self.source.errors as error:

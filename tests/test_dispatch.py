@@ -541,3 +541,27 @@ def test_a_dispatched_worker_and_the_relay_ride_out_a_broker_restart(manage_proc
     finally:
         server.kill()
         server.wait()
+
+
+@pytest.mark.slow
+@needs_nats
+def test_nats_a_dispatched_worker_stopped_mid_task_acks_the_command_before_it_exits(
+    manage_processes, nats_namespace
+):
+    """SIGTERM while a dispatched task runs: the task finishes within the grace period,
+    and its command is acknowledged before the worker exits (not left to be delivered
+    again after the ack wait)."""
+    import signal
+
+    task = enqueue("EchoAgent", "echo", {"sleep_ms": 1500})
+    ns = ["--namespace", nats_namespace]
+    manage_processes("relay_events", "--to", NATS_URL, *ns, "--dispatch", env=QUIET)
+    worker = manage_processes(
+        "runworker", "EchoAgent", "--dispatch", NATS_URL, *ns, "--poll", "3600", env=QUIET
+    )
+    wait_for(lambda: Task.objects.get(id=task.id).status == "running", what="the task to run")
+    assert consumer_state(nats_namespace) == (0, 1)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.log()
+    assert Task.objects.get(id=task.id).status == "completed"
+    assert consumer_state(nats_namespace) == (0, 0)
