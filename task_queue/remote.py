@@ -7,7 +7,7 @@ Every step is runworker's own statement, not a copy:
 - a claim is ``leasing.claim_tasks`` (limits, pause, priorities, a claim position per
   remote worker) or ``leasing.claim_task`` for one named task, the same claim picking
   that task;
-- a task's heartbeat is ``leasing.heartbeat``, extending that one lease and keeping
+- a task's heartbeat is ``heartbeats.heartbeat``, extending that one lease and keeping
   the worker's row in ``workers`` (kind ``remote``);
 - outcomes are ``outcomes.write_outcomes``, the outcome writer's fenced statements,
   run as the lease's holder: a write names only the task and its lease token, and
@@ -37,7 +37,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import transaction
 
-from task_queue.sql import leasing
+from task_queue.sql import heartbeats, leasing
 from task_queue.sql import outcomes as outcomes_sql
 from task_queue.sql.enqueue import notify_agents
 
@@ -237,7 +237,7 @@ def _register(
     worker: str, agents: list[str], concurrency: int, lease_seconds: float, known: list[UUID]
 ) -> None:
     hostname, pid = _host_and_pid(worker)
-    leasing.heartbeat(
+    heartbeats.heartbeat(
         owner=worker,
         held=[],
         lease_seconds=lease_seconds,
@@ -283,16 +283,16 @@ def heartbeat(
     *,
     progress: tuple[float, str] | None,
     lease_seconds: float | None,
-) -> leasing.HeldLease | None:
+) -> heartbeats.HeldLease | None:
     """Extend the lease ``lease_token`` on ``task_id`` (by ``lease_seconds``, else by the
     length its claim granted) and write the progress; None if the lease is no longer
     held."""
-    holder = leasing.lease_holders([(task_id, lease_token)]).get(task_id)
+    holder = heartbeats.lease_holders([(task_id, lease_token)]).get(task_id)
     if holder is None:
         return None
     seconds = lease_seconds or holder.lease_seconds or settings.QUEUE_LEASE_SECONDS
     hostname, pid = _host_and_pid(holder.owner)
-    held = leasing.heartbeat(
+    held = heartbeats.heartbeat(
         owner=holder.owner,
         held=[(task_id, lease_token)],
         lease_seconds=seconds,
@@ -327,9 +327,9 @@ def record(
     (status None) and changes nothing. Before anything is written: :class:`NotYours`
     for a task that does not exist or is not of ``agents`` (when given), and
     :class:`InvalidOutcome` for a result the queue cannot store."""
-    holders = leasing.lease_holders([(r.task_id, r.lease_token) for r in reports])
+    holders = heartbeats.lease_holders([(r.task_id, r.lease_token) for r in reports])
     # Only the tasks whose lease is not held need their agent looked up (rarely any).
-    others = leasing.agents_of([r.task_id for r in reports if r.task_id not in holders])
+    others = heartbeats.agents_of([r.task_id for r in reports if r.task_id not in holders])
     for index, report in enumerate(reports):
         holder = holders.get(report.task_id)
         agent = holder.task.agent_name if holder else others.get(report.task_id)

@@ -35,7 +35,7 @@ from uuid import UUID
 import psutil
 from django.db import DatabaseError, connection
 
-from task_queue.sql import leasing
+from task_queue.sql import heartbeats, leasing
 
 from . import leases, reaper, registry, remote, task_logging, tracing
 from .claim_position import ClaimPosition
@@ -371,8 +371,8 @@ class Worker:
 
     def _write_heartbeat(
         self, flights: list[InFlight], progress: list[tuple[float, str] | None]
-    ) -> dict[UUID, leasing.HeldLease]:
-        return leasing.heartbeat(
+    ) -> dict[UUID, heartbeats.HeldLease]:
+        return heartbeats.heartbeat(
             owner=self.id,
             held=[f.held for f in flights],
             lease_seconds=self.config.lease_seconds,
@@ -449,7 +449,7 @@ class Worker:
         if locked:
             self._registry_lock.release()
         try:
-            leasing.delete_worker(self.id)
+            heartbeats.delete_worker(self.id)
         except DatabaseError:
             logger.exception("could not remove the worker's row")
 

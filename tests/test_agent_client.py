@@ -146,7 +146,7 @@ def test_the_client_follows_dispatch_commands(
     one whose task is over the agent's limit (two at a time here, four slots) is
     delivered again until the task can run."""
     from task_queue.limits import set_limits
-    from tests.test_dispatch import (
+    from tests.support.dispatch import (
         commands_by_task,
         consumer_state,
         duplicate,

@@ -19,6 +19,7 @@ from django.utils import timezone
 from agents_app import messaging, pubsub
 from agents_app.models import AgentMessage, Publication, PublicationDelivery, Subscription
 from automechanica.api.models import ApiToken
+from task_queue.sql import heartbeats
 from tests.support.api import Api, token
 
 pytestmark = pytest.mark.django_db
@@ -377,12 +378,11 @@ def others() -> dict[str, str]:
     from task_queue import operations as queue
     from task_queue import schedules
     from task_queue.models import Task, Workflow
-    from task_queue.sql import leasing
 
     workflow = Workflow.objects.create(name="pricing run", open=True)
     pending = queue.enqueue(OTHER, "price_parts", {}, workflow_id=workflow.id)
     # A worker of OTHER's (its row names its agents and tasks).
-    leasing.heartbeat(owner="pricing-box:7", held=[], lease_seconds=30, hostname="pricing-box",
+    heartbeats.heartbeat(owner="pricing-box:7", held=[], lease_seconds=30, hostname="pricing-box",
                       pid=7, agents=[OTHER], concurrency=1, now=None)  # fmt: skip
     dead = queue.enqueue(OTHER, "price_parts", {})
     Task.objects.filter(id=dead.id).update(status="dead", attempts=3)

@@ -18,7 +18,7 @@ from django.utils import timezone
 from task_queue import operations, reaper
 from task_queue.agent import PROGRESS_MESSAGE_MAX_CHARS, TaskContext
 from task_queue.models import Task, TaskStatus, Worker
-from task_queue.sql import leasing
+from task_queue.sql import heartbeats, leasing
 from tests.support.database import count_rows
 from tests.support.waiting import wait_for
 
@@ -134,11 +134,11 @@ def test_a_worker_that_lost_its_lease_writes_no_progress():
     [new] = leasing.claim_tasks(owner="new:2", agents=["EchoAgent"], limit=1,
                                 lease_seconds=30, now=later + timedelta(days=1))  # fmt: skip
     assert new.id == old.id and new.lease_token != old.lease_token
-    held = leasing.heartbeat(owner="new:2", held=[(new.id, new.lease_token)],
+    held = heartbeats.heartbeat(owner="new:2", held=[(new.id, new.lease_token)],
                              progress=[(0.5, "new")], now=None, **worker)  # fmt: skip
     assert {i: lease.cancel_requested for i, lease in held.items()} == {task.id: False}
 
-    stale = leasing.heartbeat(owner="old:1", held=[(old.id, old.lease_token)],
+    stale = heartbeats.heartbeat(owner="old:1", held=[(old.id, old.lease_token)],
                               progress=[(0.9, "stale")], now=None, **worker)  # fmt: skip
     assert stale == {}  # the lease was lost, and nothing was written
     assert progress_of(task.id) == ("running", 0.5, "new")

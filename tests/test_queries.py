@@ -6,7 +6,7 @@ import pytest
 
 from task_queue import operations, reaper
 from task_queue.models import OutboxEvent, Task, TaskHistory, TaskStatus
-from task_queue.sql import leasing
+from task_queue.sql import heartbeats, leasing
 from task_queue.sql import outcomes as outcomes_sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -36,7 +36,7 @@ def test_same_worker_cannot_write_with_a_lease_it_lost():
     stale = (task_id, first.lease_token, '{"from": "stale"}', None, "stale")
     assert outcomes_sql.complete_tasks(owner="host:1", done=[stale], now=after_expiry) == set()
     assert (
-        leasing.heartbeat(
+        heartbeats.heartbeat(
             owner="host:1",
             held=[(task_id, first.lease_token)],
             lease_seconds=LEASE,
@@ -58,7 +58,7 @@ def test_heartbeat_extends_the_lease_so_the_reaper_leaves_it():
     t0 = datetime.now(UTC) + timedelta(seconds=1)
     task = claim_and_start("host:1", t0)
     later = t0 + timedelta(seconds=LEASE - 1)
-    alive = leasing.heartbeat(
+    alive = heartbeats.heartbeat(
         owner="host:1",
         held=[(task.id, task.lease_token)],
         lease_seconds=LEASE,

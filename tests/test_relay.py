@@ -9,9 +9,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import shutil
 import signal
-import subprocess
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -23,15 +21,16 @@ from task_queue.models import EventRelayCursor, OutboxEvent, Task
 from task_queue.relay.names import destination_key
 from tests.support.brokers import (
     AMQP_URL,
+    NATS_SERVER,
     NATS_URL,
     jetstream,
-    listening,
     nats_messages,
     needs_nats,
     needs_rabbitmq,
     rabbitmq,
     rabbitmq_messages,
     rabbitmq_queue,
+    start_nats_server,
 )
 from tests.support.processes import ManageProcess, manage_env, run_manage
 from tests.support.queue import complete_pending
@@ -297,9 +296,6 @@ def test_relay_once_exits_with_the_reason_when_the_broker_is_unreachable(relays)
     assert "NoServersError" in down.log().strip().splitlines()[-1]
 
 
-NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("nats") is None or not Path(NATS_SERVER).exists(),
@@ -312,16 +308,7 @@ def test_relay_rides_out_a_broker_restart(relays, tmp_path):
     port = free_port()
     url = f"nats://127.0.0.1:{port}"
 
-    def start_server() -> subprocess.Popen:
-        server = subprocess.Popen(
-            [NATS_SERVER, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(tmp_path / "js")],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_for(lambda: listening(port), what="nats-server to listen")
-        return server
-
-    server = start_server()
+    server = start_nats_server(port, tmp_path / "js")
     try:
         make_events(300)
         relay = relays(url, "restart", "--batch", "10")
@@ -330,7 +317,7 @@ def test_relay_rides_out_a_broker_restart(relays, tmp_path):
         server.wait()
         make_events(50)  # while the broker is down
         wait_for(lambda: "broker unavailable" in relay.log(), what="the relay to notice")
-        server = start_server()
+        server = start_nats_server(port, tmp_path / "js")
         wait_for(
             lambda: cursor_at(url, "restart") >= OutboxEvent.objects.count(),
             timeout=60,

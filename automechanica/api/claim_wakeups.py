@@ -26,7 +26,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from task_queue.listen import listening_async
-from task_queue.sql import leasing
+from task_queue.sql import heartbeats
 from task_queue.sql.channels import NOTIFY_CHANNEL
 
 logger = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ class ClaimWakeups:
 
 def _touch(workers: list[str]) -> None:
     try:
-        leasing.touch_workers(workers)
+        heartbeats.touch_workers(workers)
     finally:
         close_old_connections()  # the pooled connection goes back
 

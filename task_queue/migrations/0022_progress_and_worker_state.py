@@ -2,7 +2,7 @@
 
 - ``tasks.progress``, ``progress_message``, ``progress_at``: what a handler last
   reported (``TaskContext.progress``), written by its worker's heartbeat in the
-  statement that extends its leases (``task_queue.sql.leasing.HEARTBEAT``), fenced on
+  statement that extends its leases (``task_queue.sql.heartbeats.HEARTBEAT``), fenced on
   the lease; a claim clears them, so they belong to the current or last attempt.
 - ``workers.state`` (idle, busy, draining) and ``task_ids``: written by the heartbeat
   and at once when a worker starts draining.

@@ -8,13 +8,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import shutil
 import socket
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 NATS_URL = "nats://127.0.0.1:4222"
+NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 # The agents whose dispatch queues a RabbitMQ namespace may hold.
 DISPATCH_AGENTS = ("EchoAgent", "SEOAgent")
@@ -135,3 +139,17 @@ def rabbitmq_namespace() -> Iterator[str]:
             await channel.exchange_delete(f"{namespace}.{exchange}")
 
     asyncio.run(rabbitmq(remove))
+
+
+def start_nats_server(port: int, store: Path) -> subprocess.Popen:
+    """A NATS server with JetStream of a test's own (to kill and start again, while the
+    shared one stays up), listening once this returns."""
+    from tests.support.waiting import wait_for
+
+    server = subprocess.Popen(
+        [NATS_SERVER, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for(lambda: listening(port), what="nats-server to listen")
+    return server

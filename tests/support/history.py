@@ -9,7 +9,7 @@ from uuid import UUID
 
 from task_queue import metrics, operations
 from task_queue.models import RollupProgress, Task, TaskQueueMetric
-from task_queue.sql import leasing
+from task_queue.sql import heartbeats, leasing
 from task_queue.sql import outcomes as outcomes_sql
 
 T0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
@@ -46,7 +46,7 @@ def fail(task_id: UUID, token: UUID, seconds: float, error: str, *, retryable: b
 
 
 def beat(seconds: float) -> None:
-    leasing.heartbeat(owner=OWNER, held=[], lease_seconds=600, hostname="h", pid=1,
+    heartbeats.heartbeat(owner=OWNER, held=[], lease_seconds=600, hostname="h", pid=1,
                       agents=["EchoAgent"], concurrency=1, now=at(seconds))  # fmt: skip
 
 
