@@ -85,8 +85,6 @@ class Follower:
         self.prefetch = prefetch
         self.worker = worker
         self.agents = frozenset(agents)
-        self.claimed = 0
-        self.acknowledged = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._room = asyncio.Event()
         self._stop = asyncio.Event()
@@ -199,12 +197,9 @@ class Follower:
             await self._loop.run_in_executor(self._db, connection.close)
             self._settle(delivery.redeliver(REDELIVER_SECONDS))
             return
-        if answer == "claimed":
-            self.claimed += 1
-        elif answer == "later":  # no free slot, or its task cannot start just now
+        if answer == "later":  # no free slot, or its task cannot start just now
             self._settle(delivery.redeliver(REDELIVER_SECONDS))
-        else:  # done, taken by another, not due yet, paused, unknown
-            self.acknowledged += 1
+        elif answer == "done":  # taken by another, finished, not due, paused, unknown
             self._settle(delivery.ack())
 
     async def _keep_in_progress(self) -> None:
@@ -219,7 +214,6 @@ class Follower:
 
     def _ack(self, deliveries: list[Delivery]) -> None:
         for delivery in deliveries:
-            self.acknowledged += 1
             self._settle(delivery.ack())
 
     def _settle(self, settling: Awaitable[None]) -> None:

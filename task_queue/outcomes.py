@@ -39,7 +39,7 @@ class OutcomeWriter:
         owner: str,
         now: Callable[[], datetime | None],
         written: threading.Event,
-        on_written: Callable[[list[tuple[UUID, UUID]]], None] = lambda runs: None,
+        on_written: Callable[[list[tuple[UUID, UUID]]], None] | None = None,
     ) -> None:
         """``written`` is set after every batch: a retried task may be due at once.
         ``on_written`` gets the (task, lease token) of each batch's outcomes once the
@@ -131,7 +131,8 @@ class OutcomeWriter:
         self.refused += 1
         self.written += 1
         self._written_event.set()
-        self._on_written([(outcome.task.id, outcome.task.lease_token)])
+        if self._on_written is not None:
+            self._on_written([(outcome.task.id, outcome.task.lease_token)])
 
     def _write(self, batch: list[Outcome]) -> None:
         outcomes_sql.prepare_outcome_session()
@@ -148,7 +149,8 @@ class OutcomeWriter:
         with self._count_lock:
             self._unwritten -= len(batch)
         self._written_event.set()
-        self._on_written([(o.task.id, o.task.lease_token) for o in batch])
+        if self._on_written is not None:  # (only with --dispatch: not on the hot path)
+            self._on_written([(o.task.id, o.task.lease_token) for o in batch])
 
 
 def write_outcomes(

@@ -103,7 +103,9 @@ class Worker:
             if config.dispatch is not None
             else None
         )
-        self._writer = OutcomeWriter(self.id, now, written=self._wake, on_written=self._settled)
+        self._writer = OutcomeWriter(
+            self.id, now, written=self._wake, on_written=self._settled if self._follower else None
+        )
         self._listener = Listener(self.agents, self._wake) if self._follower is None else None
         self._process = psutil.Process()  # for the memory the heartbeat reports
         # Once the worker's row is deleted no heartbeat writes it again (the upsert

@@ -126,20 +126,29 @@ def test_nats_a_relay_killed_while_a_task_waits_to_fall_due_dispatches_it_after_
 ):
     from task_queue.event_stream import head
 
-    soon = enqueue("EchoAgent", "echo", {"way": "soon"}, delay_seconds=8)
+    # Due a minute after their changes, so nothing is due while the first relay runs:
+    # soon (its event's, waiting in the relay's memory), late (the scan's: enqueued two
+    # hours before it is due).
+    soon = enqueue("EchoAgent", "echo", {"way": "soon"}, delay_seconds=60)
     late = enqueue("EchoAgent", "echo", {"way": "late"}, delay_seconds=3600)
-    with connection.cursor() as cursor:  # the scan's: enqueued two hours before it is due
+    with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE tasks SET updated_at = now() - interval '2 hours', "
-            "available_at = now() + interval '8 seconds' WHERE id = %s",
+            "available_at = now() + interval '60 seconds' WHERE id = %s",
             [late.id],
         )
     ns = ["--namespace", nats_namespace]
     relay = manage_processes("relay_events", "--to", NATS_URL, *ns, "--dispatch", env=QUIET)
     last = head()
     wait_for(lambda: cursor_at(NATS_URL, nats_namespace) >= last, what="the events relayed")
-    relay.kill()  # soon waits in the relay's memory; late's due time not scanned yet
+    relay.kill()
     assert nats_commands(nats_namespace) == []
+    # Both fall due a second from now (their rows' changes stay where they were; no event).
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE tasks SET available_at = now() + interval '1 second' WHERE id = ANY(%s)",
+            [[soon.id, late.id]],
+        )
     manage_processes("relay_events", "--to", NATS_URL, *ns, "--dispatch", env=QUIET)
     by_task = wait_for(
         lambda: (
