@@ -28,6 +28,7 @@ from django.urls import re_path
 
 from automechanica import body_limit
 from automechanica.api.long_poll import long_polling
+from automechanica.api.protocol_handler import serve_worker_protocol
 from automechanica.api.routing import websocket_urlpatterns as api_sockets
 from automechanica.dashboard.routing import websocket_urlpatterns as dashboard_sockets
 
@@ -47,8 +48,9 @@ application = ProtocolTypeRouter(
     {
         # The server serves its own static files (the API docs' Swagger UI, the admin's
         # styles) from the apps' static folders: no collectstatic step, no second server.
-        # A claim's long poll waits outside Django (automechanica.api.long_poll).
-        "http": long_polling(ASGIStaticFilesHandler(django_asgi_app)),
+        # A claim's long poll waits outside Django (automechanica.api.long_poll), and
+        # the worker protocol's requests run in one thread each (.protocol_handler).
+        "http": long_polling(serve_worker_protocol(ASGIStaticFilesHandler(django_asgi_app))),
         "websocket": URLRouter(
             [
                 # API clients: a bearer token, which no browser sends by itself to

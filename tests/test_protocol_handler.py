@@ -1,0 +1,105 @@
+"""The worker protocol's routes served in one thread (automechanica.api.protocol_handler)
+answer exactly as Django's ASGI handler does: the same middleware, authentication,
+validation and views, on the real test database. Every other request still goes to
+the app it wraps."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import pytest
+from django.core.handlers.asgi import ASGIHandler
+
+from automechanica.api.protocol_handler import PROTOCOL_PATHS, serve_worker_protocol
+from task_queue import operations
+from tests.support.api import ECHO, token
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TASK = str(uuid.uuid4())
+LEASE = str(uuid.uuid4())
+WORKER = {"worker": "w:1"}
+
+
+def call(app: Any, path: str, body: bytes, key: str | None, method: str = "POST") -> tuple:
+    """One request through ``app``: (status, content type, decoded body)."""
+    headers = [(b"content-type", b"application/json"), (b"host", b"testserver")]
+    if key:
+        headers.append((b"authorization", f"Bearer {key}".encode()))
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+        "root_path": "", "headers": headers, "server": ("testserver", 80),
+        "client": ("127.0.0.1", 5000),
+    }  # fmt: skip
+    sent: list[dict] = []
+    bodies = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict:
+        if bodies:
+            return bodies.pop()
+        await asyncio.Event().wait()  # the client stays until the answer is out
+        return {}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    start = sent[0]
+    content = b"".join(m.get("body", b"") for m in sent[1:])
+    content_type = dict(start["headers"]).get(b"Content-Type")
+    is_json = content_type and content_type.startswith(b"application/json")
+    return start["status"], content_type, json.loads(content) if is_json else content
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "scope"),
+    [
+        ("/api/v1/agents/EchoAgent/claim", WORKER, None),  # no token: 401
+        ("/api/v1/agents/EchoAgent/claim", WORKER, "read"),  # too small a scope: 403
+        ("/api/v1/agents/EchoAgent/claim", {**WORKER, "limit": 0}, "write"),  # 422, the field
+        ("/api/v1/agents/EchoAgent/claim", b"{not json", "write"),
+        ("/api/v1/agents/EchoAgent/claim", b'{"worker": "\xff\xfe"}', "write"),  # not UTF-8
+        ("/api/v1/agents/NoSuchAgent/claim", WORKER, "write"),
+        ("/api/v1/agents/EchoAgent/claim", {**WORKER, "wait_seconds": 0}, "write"),  # 200 []
+        (f"/api/v1/tasks/{TASK}/heartbeat", {"lease_token": LEASE}, "write"),  # no such task
+        ("/api/v1/tasks/not-a-uuid/heartbeat", {"lease_token": LEASE}, "write"),
+        (f"/api/v1/tasks/{TASK}/complete", {"lease_token": LEASE, "result": {}}, "write"),
+        (f"/api/v1/tasks/{TASK}/fail", {"lease_token": "x"}, "write"),
+        (f"/api/v1/tasks/{TASK}/claim", WORKER, "write"),
+        ("/api/v1/outcomes", {"outcomes": [{"task_id": TASK}] * 501}, "write"),
+        ("/api/v1/outcomes", {"outcomes": []}, "write"),
+    ],
+)
+def test_a_protocol_request_is_answered_as_djangos_asgi_handler_answers_it(path, body, scope):
+    assert PROTOCOL_PATHS.fullmatch(path)
+    key = token(scope) if scope else None
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    django = call(ASGIHandler(), path, raw, key)
+    ours = call(serve_worker_protocol(refuse_everything), path, raw, key)
+    assert ours == django
+    assert ours[0] != 500
+
+
+def test_a_claim_through_it_takes_a_task_and_other_routes_pass_through():
+    created = operations.enqueue(**ECHO, payload={})
+    key = token("write")
+    status, _, body = call(
+        serve_worker_protocol(refuse_everything),
+        "/api/v1/agents/EchoAgent/claim",
+        json.dumps({**WORKER, "wait_seconds": 0}).encode(),
+        key,
+    )
+    assert status == 200 and [t["id"] for t in body["tasks"]] == [str(created.id)]
+    # Not a protocol route (nor a protocol path with another method): the wrapped app's.
+    wrapped = serve_worker_protocol(ASGIHandler())
+    assert call(wrapped, "/api/v1/agents", b"", key, method="GET")[0] == 200
+    assert call(wrapped, "/api/v1/outcomes", b"", key, method="GET")[0] == 405
+
+
+async def refuse_everything(scope: dict, receive: Any, send: Any) -> None:
+    """The app behind the protocol routes in these tests: it must not be reached."""
+    raise AssertionError(f"{scope['path']} reached the wrapped app")
