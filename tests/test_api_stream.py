@@ -185,7 +185,8 @@ def test_clients_share_one_listen_per_server_process(live_servers):
 def listeners() -> int:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN automechanica_events'"
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query = 'LISTEN automechanica_events'"
         )
         return cursor.fetchone()[0]
 

@@ -276,7 +276,7 @@ def test_two_creates_of_one_name_at_once_refuse_the_second_by_its_field():
     wait_for(
         lambda: db.fetch(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE 'INSERT INTO \"schedules\"%%'",
+            "AND datname = current_database() AND query LIKE 'INSERT INTO \"schedules\"%%'",
             {},
         )[0][0],
         what="the second insert waiting on the first",

@@ -41,6 +41,8 @@ def outputs(readers: list[subprocess.Popen]) -> list[Any]:
 def _listening(channel: str) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE query = %s", [f"LISTEN {channel}"]
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND query = %s",
+            [f"LISTEN {channel}"],
         )
         return cursor.fetchone()[0]
