@@ -156,11 +156,13 @@ EMBEDDER_LEASE = timedelta(seconds=4)
 
 def slow_texts(count: int) -> None:
     """Agent events whose text takes the hashing embedder a good part of a second,
-    so an embedder is caught holding a lease."""
+    so an embedder is caught holding a lease. Their jobs may be tried 10 times, not 3:
+    one job can lose an attempt to each kill round and to the crash (more on a machine
+    busy with other tests), and this test is about rescue, not about giving up."""
     for n in range(count):
         text = " ".join(f"w{n}x{i}" for i in range(150_000))
         event = AgentEvent.objects.create(agent_name="EchoAgent", event_type="x", content=text)
-        EmbeddingJob.objects.create(agent_event=event)
+        EmbeddingJob.objects.create(agent_event=event, max_attempts=10)
 
 
 def test_embedders_survive_group_kills_and_a_database_crash(manage_processes):

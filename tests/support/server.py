@@ -45,9 +45,11 @@ class LiveServer:
 
     def restart(self) -> None:
         """Stop the server and start another on the same socket (the same port):
-        clients see their connections drop, then the server come back."""
+        clients see their connections drop, then the server come back. A server with
+        a dashboard's socket open waits up to 10 s for its consumer to close (daphne's
+        application close timeout), longer on a machine busy with other tests."""
         self.process.terminate()
-        self.process.wait(15)
+        self.process.wait(30)
         self.process = self._spawn()
 
     def ready(self) -> bool:
