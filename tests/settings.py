@@ -6,23 +6,21 @@ The suite serves plain HTTP on loopback, so it says it is not one; the processes
 starts inherit that from the environment.
 
 Run in parallel (pytest-xdist), each test process has an embedded PostgreSQL of its
-own (``var/pgdata-gw0``, ...; beside ``AUTOMECHANICA_PGDATA`` when that is set), not
-only a database of its own: the fault tests crash-restart their server, which would
-cut every other process's connections.
+own (``var/pgdata-gw0``, ...), not only a database of its own: the fault tests
+crash-restart their server, which would cut every other process's connections. With
+``AUTOMECHANICA_PGDATA`` set, all share that server: run them with ``-n 0``.
 """
 
 import os
 
 os.environ.setdefault("AUTOMECHANICA_DEPLOYMENT", "off")
 
-from pathlib import Path
-
 from automechanica.settings import *  # noqa: F403
 from automechanica.settings import VAR_DIR
 
+# Not when AUTOMECHANICA_PGDATA is set: the processes the tests start (which inherit
+# PYTEST_XDIST_WORKER) and the embedded server's own tests set it, to a server they mean.
 _xdist_worker = os.environ.get("PYTEST_XDIST_WORKER")
-if _xdist_worker:
-    EMBEDDED_PGDATA = Path(os.environ.get("AUTOMECHANICA_PGDATA", VAR_DIR / "pgdata"))
-    if not EMBEDDED_PGDATA.name.endswith(f"-{_xdist_worker}"):  # not derived already
-        EMBEDDED_PGDATA = EMBEDDED_PGDATA.with_name(f"{EMBEDDED_PGDATA.name}-{_xdist_worker}")
+if _xdist_worker and "AUTOMECHANICA_PGDATA" not in os.environ:
+    EMBEDDED_PGDATA = VAR_DIR / f"pgdata-{_xdist_worker}"
     os.environ["AUTOMECHANICA_PGDATA"] = str(EMBEDDED_PGDATA)  # for the commands it starts
