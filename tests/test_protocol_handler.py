@@ -113,10 +113,19 @@ def test_a_claim_through_it_takes_a_task_and_other_routes_pass_through():
         key,
     )
     assert status == 200 and [t["id"] for t in body["tasks"]] == [str(created.id)]
-    # Not a protocol route (nor a protocol path with another method): the wrapped app's.
-    wrapped = serve_worker_protocol(ASGIHandler())
-    assert call(wrapped, "/api/v1/agents", b"", key, method="GET")[0] == 200
-    assert call(wrapped, "/api/v1/outcomes", b"", key, method="GET")[0] == 405
+    # Not a protocol route, nor a protocol path with another method: the wrapped app's.
+    reached: list[tuple[str, str]] = []
+
+    async def wrapped(scope: dict, receive: Any, send: Any) -> None:
+        reached.append((scope["method"], scope["path"]))
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    app = serve_worker_protocol(wrapped)
+    others = [("GET", "/api/v1/agents"), ("GET", "/api/v1/outcomes"), ("POST", "/api/v1/tasks")]
+    for method, path in others:
+        assert call(app, path, b"{}", key, method=method)[0] == 204
+    assert reached == others
 
 
 def test_a_request_finding_every_thread_busy_past_the_wait_is_503_and_the_other_answers():
@@ -141,8 +150,10 @@ def test_a_request_finding_every_thread_busy_past_the_wait_is_503_and_the_other_
             await asyncio.to_thread(locker.rollback)
             return await first, second
 
-        first, second = asyncio.run(both())
-    handler._threads.shutdown()
+        try:
+            first, second = asyncio.run(both())
+        finally:
+            handler._threads.shutdown()
     assert second[0] == 503 and second[2]["code"] == "server_busy", second
     assert first[0] == 200 and first[2]["cancel_requested"] is False, first
 

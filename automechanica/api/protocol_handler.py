@@ -10,6 +10,7 @@ milliseconds of work (``queue_bench --remote``, docs/performance.md).
 
 :func:`serve_worker_protocol` sends the protocol's routes (``PROTOCOL_PATHS``) to
 :class:`ProtocolHandler` instead: Django's synchronous handler (the one WSGI uses:
+the same middleware, URL resolution, django-ninja views, authentication and
 signals) run in one call on a fixed pool of threads, one per pooled database
 connection. A burst of requests waits in the event loop for a free thread, as long as
 a request would wait for a pooled connection (``WEB_DB_POOL_TIMEOUT_SECONDS``), and is
