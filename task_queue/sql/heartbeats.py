@@ -10,7 +10,7 @@ from typing import NamedTuple
 from uuid import UUID
 
 from task_queue.leases import held_params
-from task_queue.sql.db import NOW, execute, fetch
+from task_queue.sql.db import NOW, execute, fetch, fetch_bound
 from task_queue.sql.leasing import TASK_LEASE, ClaimedTask
 
 # The held tasks, each with the progress its handler reported since the last
@@ -164,7 +164,7 @@ class LeaseHolder:
 def lease_holders(held: Sequence[tuple[UUID, UUID]]) -> dict[UUID, LeaseHolder]:
     """The holders of those of ``held`` (id, lease token) still held, by task id."""
     holders = {}
-    for owner, lease_seconds, *columns in fetch(LEASE_HOLDERS, held_params(None, held, None)):
+    for owner, lease_seconds, *columns in fetch_bound(LEASE_HOLDERS, held_params(None, held, None)):
         (
             task_id,
             agent,
