@@ -193,6 +193,8 @@ def write_outcomes(
             task_id: (status, available_at if status == "pending" else None)
             for task_id, status, _attempts, available_at in rows
         }
+        # Once committed (at once outside a transaction): the caller's may still roll back.
+        transaction.on_commit(lambda: log_failures(owner, failed, rows))
     if cancelled := by_kind.get(OutcomeKind.CANCELLED):
         confirmed = outcomes_sql.confirm_cancelled(
             owner=owner, held=[(o.task.id, o.task.lease_token) for o in cancelled], now=now
@@ -212,20 +214,47 @@ def release(owner: str, held: list[tuple[UUID, UUID]], now: datetime | None) -> 
 
 
 def log_outcome(outcome: Outcome) -> None:
-    """A debug line for a handler's outcome (inside the task's ``about_task``); the
-    error's JSON is read only when the line is emitted."""
-    if not logger.isEnabledFor(logging.DEBUG):
-        return
-    task = outcome.task
-    if outcome.kind is not OutcomeKind.FAILED:
-        logger.debug("task %s %s", task.id, outcome.kind.value)
-        return
-    error = json.loads(outcome.error_json)
-    again = outcome.retryable and task.attempts + 1 < task.max_attempts
-    logger.debug(
-        "task %s failed (%s): %s: %s",
-        task.id,
-        "will retry" if again else "for good",
-        error["type"],
-        error["message"],
-    )
+    """A debug line for a handler's outcome other than a failure (inside the task's
+    ``about_task``); failures are logged once written (``log_failures``)."""
+    if outcome.kind is not OutcomeKind.FAILED and logger.isEnabledFor(logging.DEBUG):
+        logger.debug("task %s %s", outcome.task.id, outcome.kind.value)
+
+
+# How each new status of a failed attempt is logged: at the default level (INFO) an
+# operator sees every failure, and a task that ended badly stands out.
+FAILURE_LEVELS = {
+    "pending": logging.INFO,  # retried after its backoff
+    "cancelled": logging.INFO,  # a cancel was requested while it ran
+    "failed": logging.WARNING,  # the agent said not to retry it
+    "dead": logging.ERROR,  # every attempt failed
+}
+
+
+def log_failures(owner: str, failed: list[Outcome], rows: list[tuple]) -> None:
+    """A line per failed attempt written (``rows``: id, new status, attempts counted,
+    when due again), about its task (``task_id``, ``trace_id``, ``agent``, ``attempt``,
+    ``worker``: docs/operations.md), with the error's type and message."""
+    by_id = {outcome.task.id: outcome for outcome in failed}
+    for task_id, status, attempts, available_at in rows:
+        outcome = by_id[task_id]
+        error = json.loads(outcome.error_json)
+        task = outcome.task
+        if status == "pending":
+            again = available_at.isoformat()
+            what = f"attempt {attempts} of {task.max_attempts} failed; retried at {again}"
+        elif status == "dead":
+            what = f"is dead: all {attempts} attempts failed"
+        elif status == "failed":
+            what = "failed, not to be retried"
+        else:
+            what = f"is {status}"
+        with about_task(task, owner):
+            logger.log(
+                FAILURE_LEVELS.get(status, logging.WARNING),
+                "task %s %s: %s: %s",
+                task_id,
+                what,
+                error["type"],
+                error["message"],
+                extra={"status": status, "error_type": error["type"]},
+            )

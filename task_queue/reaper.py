@@ -36,5 +36,8 @@ def reap_expired_leases(*, now: datetime | None = None) -> list[tuple] | None:
     if reaped is None:
         return None
     for task_id, _, status in reaped:
-        logger.warning("lease expired on task %s: now %s", task_id, status)
+        # A task whose last attempt's lease expired is dead: logged as a failure that
+        # ended it (task_queue.outcomes.FAILURE_LEVELS).
+        level = logging.ERROR if status == "dead" else logging.WARNING
+        logger.log(level, "lease expired on task %s: now %s", task_id, status)
     return reaped

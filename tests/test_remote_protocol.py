@@ -6,6 +6,7 @@ SIGSTOP, and the long poll against a real daphne: tests/test_remote_workers.py.)
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from datetime import timedelta
 
@@ -14,6 +15,7 @@ import pytest
 from agents_app.models import AgentEvent, EmbeddingJob
 from task_queue import operations, reaper
 from task_queue.models import PausedAgent, Task, TaskHistory, Worker
+from task_queue.task_logging import TaskFields
 from tests.support.api import Api, field_names, token
 
 pytestmark = pytest.mark.django_db
@@ -130,31 +132,49 @@ def test_complete_writes_the_result_history_agent_event_and_embedding_job(agent_
     assert full["lease_token"] == claimed["lease_token"]
 
 
-def test_fail_retries_with_backoff_then_dead_and_non_retryable_fails(agent_api):
+def test_fail_retries_with_backoff_then_dead_and_non_retryable_fails(
+    agent_api, caplog, django_capture_on_commit_callbacks
+):
+    caplog.handler.addFilter(TaskFields())  # the filter settings.LOGGING gives its handler
+    caplog.set_level(logging.INFO, logger="task_queue.outcomes")
     task = operations.enqueue("EchoAgent", "echo", max_attempts=2)
     error = {"type": "Timeout", "message": "upstream", "traceback": "line 1"}
-    [claimed] = claim(agent_api)
-    first = agent_api.post(
-        f"/api/v1/tasks/{task.id}/fail", {"lease_token": claimed["lease_token"], "error": error}
-    ).json()
-    assert first["status"] == "pending" and first["available_at"] is not None
-    row = Task.objects.get(id=task.id)
-    assert row.error_info["type"] == "Timeout" and row.error_info["traceback"] == "line 1"
-    Task.objects.filter(id=task.id).update(available_at=row.created_at - timedelta(days=1))
-    [again] = claim(agent_api)
-    assert again["attempt"] == 2
-    last = agent_api.post(
-        f"/api/v1/tasks/{task.id}/fail", {"lease_token": again["lease_token"], "error": error}
-    ).json()
-    assert last == {"task_id": str(task.id), "status": "dead", "available_at": None}
+    # Failures are logged once committed: the test's transaction runs the callbacks of
+    # the commits inside it at the block's end.
+    with django_capture_on_commit_callbacks(execute=True):
+        [claimed] = claim(agent_api)
+        first = agent_api.post(
+            f"/api/v1/tasks/{task.id}/fail", {"lease_token": claimed["lease_token"], "error": error}
+        ).json()
+        assert first["status"] == "pending" and first["available_at"] is not None
+        row = Task.objects.get(id=task.id)
+        assert row.error_info["type"] == "Timeout" and row.error_info["traceback"] == "line 1"
+        Task.objects.filter(id=task.id).update(available_at=row.created_at - timedelta(days=1))
+        [again] = claim(agent_api)
+        assert again["attempt"] == 2
+        last = agent_api.post(
+            f"/api/v1/tasks/{task.id}/fail", {"lease_token": again["lease_token"], "error": error}
+        ).json()
+        assert last == {"task_id": str(task.id), "status": "dead", "available_at": None}
 
-    other = operations.enqueue("EchoAgent", "echo")
-    [claimed] = claim(agent_api)
-    final = agent_api.post(
-        f"/api/v1/tasks/{other.id}/fail",
-        {"lease_token": claimed["lease_token"], "error": error, "retryable": False},
+        other = operations.enqueue("EchoAgent", "echo")
+        [claimed] = claim(agent_api)
+        final = agent_api.post(
+            f"/api/v1/tasks/{other.id}/fail",
+            {"lease_token": claimed["lease_token"], "error": error, "retryable": False},
+        )
+        assert final.json()["status"] == "failed"
+
+    # The server logs each failure as it ended, about its task and the remote worker.
+    lines = [(r.levelname, r.task_id, r.worker, r.attempt) for r in caplog.records]
+    assert lines == [
+        ("INFO", str(task.id), WORKER["worker"], 1),
+        ("ERROR", str(task.id), WORKER["worker"], 2),
+        ("WARNING", str(other.id), WORKER["worker"], 1),
+    ]
+    assert all(
+        r.error_type == "Timeout" and "Timeout: upstream" in r.message for r in caplog.records
     )
-    assert final.json()["status"] == "failed"
 
 
 def test_a_late_write_after_the_lease_was_recovered_is_409_and_changes_nothing(agent_api):

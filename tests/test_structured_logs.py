@@ -63,8 +63,38 @@ def test_a_workers_json_lines_carry_each_tasks_fields():
         assert messages[0].endswith("started: echo")
     assert "completed" in about[str(ok[0])][-1]["message"]
     failed = about[str(failing)][-1]
-    assert failed["level"] == "DEBUG" and "failed (for good): PermanentError" in failed["message"]
+    assert failed["level"] == "WARNING" and "not to be retried: PermanentError" in failed["message"]
     assert Task.objects.get(id=failing).status == TaskStatus.FAILED
+
+
+def test_at_the_default_level_a_worker_logs_each_failure_by_how_it_ended():
+    trace = f"trace-{uuid.uuid4()}"
+    ok = enqueue("EchoAgent", "echo", {"n": 1}, trace_id=trace).id
+    failing = enqueue("EchoAgent", "echo", {"fail": "permanent"}, trace_id=trace).id
+    retried = enqueue("EchoAgent", "echo", {"fail": "transient"}, trace_id=trace, max_attempts=3).id
+    dead = enqueue("EchoAgent", "echo", {"fail": "transient"}, trace_id=trace, max_attempts=1).id
+    env = {**manage_env(), "LOG_FORMAT": "json"}
+    env.pop("LOG_LEVEL", None)
+
+    done = run_manage("runworker", "EchoAgent", "--burst", env=env)
+
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in (done.stdout + done.stderr).splitlines()]
+    about = {line["task_id"]: line for line in lines if "task_id" in line}
+    # One line per failure (a burst worker does not wait for the retry), none for the
+    # completion.
+    assert set(about) == {str(failing), str(retried), str(dead)}
+    assert str(ok) not in about
+    expected = {
+        failing: ("WARNING", "failed, not to be retried: PermanentError"),
+        retried: ("INFO", "attempt 1 of 3 failed; retried at "),
+        dead: ("ERROR", "is dead: all 1 attempts failed: TransientEchoError"),
+    }
+    for task_id, (level, words) in expected.items():
+        line = about[str(task_id)]
+        assert line["level"] == level and words in line["message"], line
+        assert line["trace_id"] == trace and line["agent"] == "EchoAgent"
+        assert line["attempt"] == 1 and line["worker"] and line["error_type"]
 
 
 @needs_nats
