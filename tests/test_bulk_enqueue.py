@@ -146,7 +146,8 @@ def test_a_batch_of_new_tasks_is_answered_by_its_insert_as_each_page_shows_it(ap
     items = answer["items"]
     assert [item["payload"].get("n") for item in items[4:]] == list(range(20))
     assert items[1]["workflow_id"] == workflow["id"]
-    assert items[2]["available_at"] == "2031-05-06T05:08:09.123Z"
+    # The time sent, to the microsecond.
+    assert items[2]["available_at"] == "2031-05-06T05:08:09.123456Z"
     assert items[3]["idempotency_key"] == AWKWARD
     assert items[0]["trace_id"] == items[0]["id"].replace("-", "")
     assert items[1]["trace_id"] == workflow["trace_id"]

@@ -54,10 +54,11 @@ class FastJsonRenderer(JSONRenderer):
     way (CPU, on the 2-core machine of docs/performance.md), about a tenth of the web
     server's time per remotely drained task.
 
-    The JSON differs only in form: compact, UTF-8 rather than ``\\u`` escapes, and
-    datetimes to the microsecond (ISO 8601, ``Z`` for UTC). A value pydantic cannot
-    write (a string with a lone surrogate, a type it does not know that ninja's
-    encoder does) falls back to ninja's way.
+    The JSON differs from ``json.dumps``'s in form (compact, UTF-8 rather than ``\\u``
+    escapes) and in its times: to the microsecond (ISO 8601, ``Z`` for UTC), as
+    PostgreSQL writes the answers it builds (``task_queue.sql.reading``). A value
+    pydantic cannot write (a string with a lone surrogate, a type it does not know that
+    ninja's encoder does) falls back to ninja's way.
     """
 
     def render(self, request: HttpRequest, data: Any, *, response_status: int) -> Any:

@@ -114,13 +114,13 @@ def oldest_horizon_transaction_age() -> float:
 
 
 def _api_time(column: str) -> str:
-    """``column`` (timestamptz) as JSON text the way the API writes a time (Django's
-    JSON encoder): UTC, milliseconds cut rather than rounded, no fraction when there
-    is none, and ``Z``. NULL stays NULL."""
+    """``column`` (timestamptz) as JSON text the way the API writes a time (pydantic's
+    serializer, ``automechanica.api.main.FastJsonRenderer``): UTC, to the microsecond,
+    no fraction when there is none, and ``Z``. NULL stays NULL."""
     utc = f"({column} AT TIME ZONE 'UTC')"
     return (
         f"to_char({utc}, CASE WHEN date_part('microseconds', {utc})::bigint %% 1000000 = 0 "
-        """THEN 'YYYY-MM-DD"T"HH24:MI:SS"Z"' ELSE 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"' END)"""
+        """THEN 'YYYY-MM-DD"T"HH24:MI:SS"Z"' ELSE 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"' END)"""
     )
 
 
