@@ -4,7 +4,9 @@
 - ``automechanica_tasks{agent,status}``: tasks by status (the running totals, exact);
 - ``automechanica_tasks_{created,completed,failed,dead,retried,cancelled}_total{agent}``:
   counters, kept by the writes (``task_totals``, migration ``queue 0029``), so they
-  survive restarts and never reset (a TRUNCATE of tasks aside);
+  survive restarts and never reset (a TRUNCATE of tasks aside); and
+  ``automechanica_tasks_lease_expired_total{agent}``, leases the reaper expired (each
+  also counted as retried, dead or cancelled);
 - ``automechanica_task_queue_wait_seconds`` and ``automechanica_task_run_seconds``
   histograms per agent, likewise;
 - ``automechanica_workers_alive{agent}`` and ``automechanica_oldest_pending_age_seconds{agent}``;
@@ -39,7 +41,7 @@ from task_queue.sql import counts, reading
 from . import limits, registry, stats
 from .models import HISTOGRAM_BOUNDS, TaskStatus, Worker
 
-COUNTERS = ("created", "completed", "failed", "dead", "retried", "cancelled")
+COUNTERS = ("created", "completed", "failed", "dead", "retried", "cancelled", "lease_expired")
 HISTOGRAMS = {
     "queue_wait": ("automechanica_task_queue_wait_seconds", "From due to started."),
     "run_time": ("automechanica_task_run_seconds", "From started to the attempt's end."),

@@ -23,7 +23,7 @@ from django.test import Client
 
 from task_queue import operations, prometheus, retention, stats
 from task_queue.listen import listening
-from task_queue.models import HISTOGRAM_BOUNDS, Task, TaskStatus
+from task_queue.models import HISTOGRAM_BOUNDS, Task, TaskEvent, TaskHistory, TaskStatus
 from task_queue.operations import TaskSpec
 from task_queue.sql import counts, db
 from task_queue.sql import metrics as metrics_sql
@@ -94,7 +94,19 @@ def counters_of_history() -> dict[str, dict]:
     and task_history, as one rollup bucket over all time."""
     since, until = datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC)
     rows = metrics_sql.compute_metrics(ALL_TIME, since, until)
-    return {row["agent_name"]: _counters(row) for row in rows}
+    # Leases the reaper expired: its history rows (the rollups do not count them).
+    expired = dict(
+        TaskHistory.objects.filter(event=TaskEvent.LEASE_EXPIRED)
+        .order_by()
+        .values_list("task__agent_name")
+        .annotate(n=Count("id"))
+    )
+    return {
+        row["agent_name"]: _counters(
+            {**row, "tasks_lease_expired": expired.get(row["agent_name"], 0)}
+        )
+        for row in rows
+    }
 
 
 def _counters(figures: dict) -> dict:

@@ -6,7 +6,8 @@ Prometheus's counters).
 Triggers on ``tasks`` and ``task_history`` (migrations ``queue 0014``, ``0028`` and
 ``0029``) keep them in the transaction of every change, each backend in rows of its
 own (``shard``, its pid), so readers never count the tasks table and writers never
-wait on each other's counters. Readers sum the shards; maintenance folds the totals of
+wait on each other's counters; the lease reaper's statement counts the leases it
+expires (``lease_expired``) the same way. Readers sum the shards; maintenance folds the totals of
 backends that ended into shard 0, and deletes the finish buckets older than the
 triggers' reach.
 """
@@ -88,7 +89,9 @@ GROUP BY agent_name, measure, slot
 
 def task_totals() -> list[tuple[str, str, int, int, float]]:
     """(agent, measure, slot, count, sum): ``measure`` is ``created``, an outcome
-    (``completed``, ``failed``, ``dead``, ``retried``, ``cancelled``; slot 0) or a
+    (``completed``, ``failed``, ``dead``, ``retried``, ``cancelled``; slot 0), a
+    lease expired by the reaper (``lease_expired``, slot 0; also counted as its
+    outcome), or a
     histogram (``run_time``, ``queue_wait``; a slot of HISTOGRAM_BOUNDS), and the sum
     is of every value of the measure (the histogram's sum; 0 for the others)."""
     return fetch(TASK_TOTALS, {})

@@ -50,6 +50,14 @@ history AS (
            CASE WHEN from_status = 'running' THEN error_info END,
            jsonb_build_object('worker', lease_owner)
     FROM reaped
+),
+-- Prometheus's automechanica_tasks_lease_expired_total (task_queue.sql.counts): the
+-- reaper is what expires leases, so it counts them, as the triggers count the rest.
+counted AS (
+    INSERT INTO task_totals AS c (agent_name, measure, slot, shard, n, total)
+    SELECT agent_name, 'lease_expired', 0, pg_backend_pid(), count(*), 0 FROM reaped
+    GROUP BY agent_name ORDER BY agent_name
+    ON CONFLICT (agent_name, measure, slot, shard) DO UPDATE SET n = c.n + EXCLUDED.n
 )
 SELECT id, agent_name, status FROM reaped
 """
