@@ -208,6 +208,19 @@ def test_embedders_survive_group_kills_and_a_database_crash(manage_processes):
         what="the survivors to be embedding",
     )
     crash_restart()
+    # The survivors reconnect with backoff; the last round measures rescue by lease
+    # expiry, so it starts once one of them embeds again (a claim since the restart).
+    restarted_at = database_now()
+    slow_texts(2)
+    wait_for(
+        lambda: (
+            EmbeddingJob.objects.filter(updated_at__gt=restarted_at)
+            .exclude(status="pending")
+            .exists()
+        ),
+        timeout=60,
+        what="a survivor to embed again after the crash",
+    )
     kill_round()
     unfinished = EmbeddingJob.objects.exclude(status="completed")
     wait_for(
