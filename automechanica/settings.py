@@ -176,6 +176,11 @@ QUEUE_DISPATCH_REPUBLISH_SECONDS = float(os.environ.get("QUEUE_DISPATCH_REPUBLIS
 # ago (outcomes committing late still land in it), and a first run looks this far back.
 QUEUE_METRICS_GRACE_SECONDS = float(os.environ.get("QUEUE_METRICS_GRACE_SECONDS", 30))
 QUEUE_METRICS_BACKFILL_DAYS = float(os.environ.get("QUEUE_METRICS_BACKFILL_DAYS", 7))
+# The maintenance loop evaluates the alert rules at most this often (task_queue.alerts).
+QUEUE_ALERTS_EVALUATE_SECONDS = float(os.environ.get("QUEUE_ALERTS_EVALUATE_SECONDS", 10))
+# Alert notifications link to the dashboard at this address (the one people reach it
+# at, such as https://queue.example.com); empty: links are paths.
+ALERTS_BASE_URL = os.environ.get("ALERTS_BASE_URL", "")
 # Retention (task_queue.retention): completed and cancelled tasks and their history
 # go this long after they finished; agent events (the agents' memory) after theirs.
 QUEUE_RETENTION_DAYS = float(os.environ.get("QUEUE_RETENTION_DAYS", 7))

@@ -10,6 +10,8 @@
   (``task_queue.blob_collection``);
 - at every pass, the recurring schedules' due slots (``task_queue.schedule_firing``),
   after the rollups (the daily report's guard reads them);
+- every ``QUEUE_ALERTS_EVALUATE_SECONDS``, the alert rules, and at every pass their
+  notifications' deliveries (``task_queue.alerts``);
 - once a minute, the task counters and Prometheus's counters of backends that ended
   folded into shard 0 (``task_queue.sql.counts``), so the counters stay a few rows
   per live connection, and the finish counters past their reach (70 minutes)
@@ -20,9 +22,12 @@ from __future__ import annotations
 
 import logging
 
+from django.conf import settings
+
 from task_queue.sql import counts
 
 from . import (
+    alerts,
     blob_collection,
     event_stream,
     maintenance,
@@ -55,6 +60,17 @@ def sequence_and_prune() -> None:
     retention.prune()
 
 
+def evaluate_alerts() -> str | None:
+    made = alerts.evaluation.evaluate()
+    if not made:
+        return None
+    return "alerts: " + ", ".join(f"{n.rule.name} ({n.agent}) {n.state}" for n in made)
+
+
+def deliver_alerts() -> None:
+    alerts.delivery.deliver()
+
+
 def collect_blobs() -> str | None:
     deleted = blob_collection.collect()
     return f"blob collection: deleted {deleted} unreferenced blob(s)" if deleted else None
@@ -73,6 +89,13 @@ def register() -> None:
     maintenance.register("reaper", reap, order=maintenance.LEASES)
     maintenance.register("metric rollups", roll_up, order=maintenance.ROLLUPS)
     maintenance.register("schedules", schedule_firing.FiringJob(), order=maintenance.REPORTS)
+    maintenance.register(
+        "alert rules",
+        evaluate_alerts,
+        every_seconds=settings.QUEUE_ALERTS_EVALUATE_SECONDS,
+        order=maintenance.REPORTS,
+    )
+    maintenance.register("alert deliveries", deliver_alerts, order=maintenance.REPORTS)
     maintenance.register("task counters", fold_task_counts, every_seconds=FOLD_COUNTS_EVERY_SECONDS)
     maintenance.register(
         "retention",

@@ -17,6 +17,8 @@ def test_the_registered_jobs_run_leases_first_then_retention_then_blob_collectio
         "delivery leases",
         "metric rollups",
         "schedules",  # after the rollups, which the daily report's guard reads
+        "alert rules",
+        "alert deliveries",
         "task counters",
         "retention",
         "blob collection",  # after retention, which drops references

@@ -19,7 +19,7 @@ from types import ModuleType
 import pytest
 
 from agents_app.models import EmbeddingJobStatus, MessageStatus
-from task_queue.models import TaskStatus
+from task_queue.models import DeliveryStatus, TaskStatus
 
 REPO = Path(__file__).resolve().parent.parent
 APPS = ["task_queue", "agents_app", "workflows", "automechanica"]
@@ -31,6 +31,7 @@ STATUS_ENUMS = {
     "embedding_jobs": EmbeddingJobStatus,
     "agent_messages": MessageStatus,
     "agent_publication_deliveries": MessageStatus,
+    "alert_deliveries": DeliveryStatus,
 }
 
 # `status = 'x'`, `t.status <> 'x'`; `status IN ('a', 'b')`; `status = CASE ... END`;

@@ -16,6 +16,7 @@ from ninja.responses import NinjaJSONEncoder
 from . import errors
 from .auth import token_or_staff
 from .routers import (
+    alerts,
     memory,
     messages,
     publications,
@@ -99,5 +100,6 @@ for router in (
     publications.router,
     schedules.router,
     remote_workers.router,
+    alerts.router,
 ):
     api.add_router("/v1", router)

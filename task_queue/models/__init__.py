@@ -1,10 +1,19 @@
 """The queue's tables: tasks and workflows, their history, live workers, metric
-rollups, the audit log, the event stream and recurring schedules.
+rollups, the audit log, the event stream, recurring schedules and alert rules.
 
 Django owns the schema (migrations, admin); reading and writing tasks on the hot
 path goes through the named SQL in ``task_queue.sql``.
 """
 
+from .alerts import (
+    AlertDelivery,
+    AlertDeliveryAttempt,
+    AlertKind,
+    AlertNotification,
+    AlertRule,
+    AlertState,
+    DeliveryStatus,
+)
 from .audit import OperatorAction
 from .dead_letter import DeadLetterEntry, dead_letter_payload_contains, dead_letter_tasks
 from .metrics import HISTOGRAM_BOUNDS, RetentionRun, RollupProgress, TaskQueueMetric
@@ -51,8 +60,15 @@ __all__ = [
     "PRIORITY_MIN",
     "REVIVABLE_STATUSES",
     "AgentLimits",
+    "AlertDelivery",
+    "AlertDeliveryAttempt",
+    "AlertKind",
+    "AlertNotification",
+    "AlertRule",
+    "AlertState",
     "DeadLetterEntry",
     "DeadLetterTask",
+    "DeliveryStatus",
     "EventRelayCursor",
     "OperatorAction",
     "OutboxEvent",

@@ -33,6 +33,10 @@ class OperatorAction(models.Model):
         PAUSE_SCHEDULE = "pause_schedule", "Pause schedule"
         RESUME_SCHEDULE = "resume_schedule", "Resume schedule"
         RUN_SCHEDULE = "run_schedule", "Run schedule now"
+        # Alert rules (task_queue.alerts.rules); ``changes`` names the rule.
+        CREATE_ALERT_RULE = "create_alert_rule", "Create alert rule"
+        UPDATE_ALERT_RULE = "update_alert_rule", "Change alert rule"
+        DELETE_ALERT_RULE = "delete_alert_rule", "Delete alert rule"
 
     actor = models.TextField()  # "user:alice", "token:orchestrator"
     action = models.TextField(choices=Kind.choices)

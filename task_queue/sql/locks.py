@@ -26,6 +26,11 @@ DELIVERY_RECOVERY = 0x646C7672  # "dlvr"
 # One process at a time: syncing the schedules declared in settings
 # (task_queue.schedule_firing), so two starting maintenance loops make each row once.
 SCHEDULE_SYNC = 0x73636864  # "schd"
+# One process at a time: an evaluation of the alert rules (task_queue.alerts), so a
+# rule's state changes, and its notification is made, once.
+ALERTS = 0x616C7274  # "alrt"
+# One process at a time: recovery of alert deliveries whose sender died mid-send.
+ALERT_DELIVERY_RECOVERY = 0x616C6476  # "aldv"
 # Per blob (task_queue.blobs, task_queue.blob_collection): shared by every transaction
 # about to reference the blob, taken exclusively by the collector before it checks
 # the blob's references and deletes it. A key pair: this namespace and the first 32

@@ -1,0 +1,210 @@
+"""One evaluation of every enabled alert rule, per agent.
+
+It runs in one transaction under the ``ALERTS`` advisory lock, taken without waiting:
+a second maintenance process skips the pass. The states it moves and the
+notifications (and their deliveries) it makes commit together, so a process killed
+mid-evaluation leaves nothing behind, and the next evaluation makes the notification
+once.
+
+Each kind's figure comes from the running counters (``task_queue.sql.alerts``,
+``task_queue.sql.reading``): an evaluation costs the same at any number of tasks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from urllib.parse import quote
+
+from django.conf import settings
+from django.db import transaction
+
+from task_queue import registry
+from task_queue.models import (
+    AlertDelivery,
+    AlertKind,
+    AlertNotification,
+    AlertRule,
+    AlertState,
+)
+from task_queue.sql import alerts as alerts_sql
+from task_queue.sql import db, locks
+from task_queue.sql import reading as reading_sql
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A rule's figure for one agent, and whether its condition holds."""
+
+    agent: str
+    value: float
+    holds: bool
+
+
+def evaluate(*, now: datetime | None = None) -> list[AlertNotification] | None:
+    """Evaluate every enabled rule; the notifications made, or None when another
+    process is evaluating. ``now``: the clock for firing times and repeats (tests)."""
+    with transaction.atomic():
+        if not locks.try_advisory_xact_lock(locks.ALERTS):
+            return None
+        clock = now or db.database_clock()
+        rules = list(AlertRule.objects.filter(enabled=True))
+        states = {
+            (state.rule_id, state.agent): state
+            for state in AlertState.objects.filter(rule__in=rules)
+        }
+        figures = _Figures()
+        made = []
+        for rule in rules:
+            known = {agent for rule_id, agent in states if rule_id == rule.id}
+            for reading in figures.readings(rule, known):
+                state = states.get((rule.id, reading.agent))
+                notification = _step(rule, state, reading, clock)
+                if notification is not None:
+                    made.append(notification)
+        return made
+
+
+def _step(
+    rule: AlertRule, state: AlertState | None, reading: Reading, clock: datetime
+) -> AlertNotification | None:
+    """Move one (rule, agent) state by its reading; the notification it makes, if any."""
+    if state is None:
+        if not reading.holds:
+            return None
+        state = AlertState(rule=rule, agent=reading.agent)
+    notify = None
+    if reading.holds and state.firing_since is None:
+        state.firing_since = clock
+        notify = AlertNotification.State.FIRING
+    elif reading.holds and clock - state.notified_at >= timedelta(seconds=rule.repeat_seconds):
+        notify = AlertNotification.State.FIRING  # still holding: a reminder
+    elif not reading.holds and state.firing_since is not None:
+        notify = AlertNotification.State.RESOLVED
+    started_at = state.firing_since
+    if notify == AlertNotification.State.RESOLVED:
+        state.firing_since = None
+    if notify is not None:
+        state.notified_at = clock
+    if notify is None and state.pk is not None and state.value == reading.value:
+        return None  # nothing changed: no write
+    state.value = reading.value
+    state.evaluated_at = clock
+    state.save()
+    if notify is None:
+        return None
+    return _notify(rule, reading, notify, started_at)
+
+
+def _notify(
+    rule: AlertRule, reading: Reading, state: str, started_at: datetime
+) -> AlertNotification:
+    body = {
+        "rule": rule.name,
+        "kind": rule.kind,
+        "agent": reading.agent,
+        "state": state,
+        "value": reading.value,
+        "threshold": rule.threshold,
+        "started_at": started_at.isoformat(),
+        "summary": summary(rule, reading, state),
+        "links": links(rule.kind, reading.agent),
+    }
+    notification = AlertNotification.objects.create(
+        rule=rule,
+        agent=reading.agent,
+        state=state,
+        value=reading.value,
+        threshold=rule.threshold,
+        started_at=started_at,
+        body=body,
+    )
+    AlertDelivery.objects.bulk_create(
+        AlertDelivery(notification=notification, channel=channel) for channel in rule.channels
+    )
+    return notification
+
+
+DESCRIBED: dict[str, Callable[[AlertRule, float], str]] = {
+    AlertKind.DEAD_LETTER: lambda rule, value: (
+        f"{value:g} task(s) ended dead or failed in {rule.window_seconds} s"
+    ),
+    AlertKind.FAILURE_RATE: lambda rule, value: (
+        f"{value:.0%} of the tasks finished in {rule.window_seconds} s failed"
+    ),
+    AlertKind.BACKLOG_AGE: lambda rule, value: f"a due task has waited {value:.0f} s",
+    AlertKind.NO_WORKERS: lambda rule, value: "tasks are due and no worker serves the agent",
+}
+
+
+def summary(rule: AlertRule, reading: Reading, state: str) -> str:
+    what = DESCRIBED[rule.kind](rule, reading.value)
+    if state == AlertNotification.State.RESOLVED:
+        return f"resolved: {rule.name} ({reading.agent}): {what}"
+    return f"{rule.name} ({reading.agent}): {what} (threshold {rule.threshold:g})"
+
+
+def links(kind: str, agent: str) -> dict[str, str]:
+    """The dashboard pages an operator opens for this alert (``ALERTS_BASE_URL`` in
+    front, the address people reach the dashboard at)."""
+    base = settings.ALERTS_BASE_URL.rstrip("/")
+    pages = {
+        "dead_letter": f"/dead-letter/?agent={quote(agent)}",
+        "agent": "/",
+        "workers": "/workers/",
+    }
+    wanted = {
+        AlertKind.DEAD_LETTER: ("dead_letter", "agent"),
+        AlertKind.FAILURE_RATE: ("dead_letter", "agent"),
+        AlertKind.BACKLOG_AGE: ("agent", "workers"),
+        AlertKind.NO_WORKERS: ("workers", "agent"),
+    }[kind]
+    return {name: base + pages[name] for name in wanted}
+
+
+class _Figures:
+    """The counters one evaluation reads, each once (per window for the finishes)."""
+
+    def __init__(self) -> None:
+        self._finished: dict[int, dict[str, tuple[int, int]]] = {}
+        self._ages: dict[str, float | None] | None = None
+        self._served: set[str] | None = None
+
+    def readings(self, rule: AlertRule, known: set[str]) -> Iterator[Reading]:
+        """The rule's reading for its agent, or for every agent that is registered,
+        has figures, or had a state (so that one that went quiet resolves)."""
+        figures = self._of_kind(rule)
+        agents = [rule.agent] if rule.agent else sorted({*registry.names(), *figures, *known})
+        for agent in agents:
+            value, holds = figures.get(agent, (0.0, False))
+            yield Reading(agent, value, holds)
+
+    def _of_kind(self, rule: AlertRule) -> dict[str, tuple[float, bool]]:
+        if rule.kind in (AlertKind.DEAD_LETTER, AlertKind.FAILURE_RATE):
+            window = rule.window_seconds
+            if window not in self._finished:
+                self._finished[window] = alerts_sql.finished_in_window(window)
+            finished = self._finished[window]
+            if rule.kind == AlertKind.DEAD_LETTER:
+                return {a: (bad, bad >= rule.threshold) for a, (_, bad) in finished.items()}
+            return {
+                agent: (rate, done + bad >= rule.min_count and rate >= rule.threshold)
+                for agent, (done, bad) in finished.items()
+                for rate in [bad / (done + bad)]
+            }
+        ages = self._ages_by_agent()
+        if rule.kind == AlertKind.BACKLOG_AGE:
+            return {a: (age, age >= rule.threshold) for a, age in ages.items() if age is not None}
+        served = self._served_agents()
+        return {a: (1.0, True) for a, age in ages.items() if age is not None and a not in served}
+
+    def _ages_by_agent(self) -> dict[str, float | None]:
+        if self._ages is None:
+            self._ages = reading_sql.oldest_pending_age_by_agent(registry.names())
+        return self._ages
+
+    def _served_agents(self) -> set[str]:
+        if self._served is None:
+            self._served = alerts_sql.served_agents(settings.QUEUE_LEASE_SECONDS)
+        return self._served

@@ -1,0 +1,141 @@
+"""Writing alert rules, from the API (and later the alerts page): checked, saved and
+recorded in the audit log in one transaction."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from task_queue import audit, registry
+from task_queue.models import AlertKind, AlertRule, OperatorAction
+from task_queue.sql import db
+from task_queue.storable import text_problem
+
+from .channels import InvalidChannel, check_channels, shown
+
+MAX_NAME_LENGTH = 200
+NAME_CONSTRAINT = "alert_rules_name_key"
+# The fields a rule may leave out.
+DEFAULTS: dict[str, Any] = {
+    "agent": None,
+    "window_seconds": 900,
+    "min_count": 10,
+    "repeat_seconds": 3600,
+    "channels": [],
+    "enabled": True,
+}
+FIELDS = ("name", "kind", "agent", "threshold", *list(DEFAULTS)[1:])
+
+
+class InvalidRule(ValueError):
+    """A rule that cannot be saved: ``field`` names what is wrong."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def _integer(values: dict[str, Any], field: str, low: int, high: int) -> None:
+    value = values[field]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidRule(field, f"must be an integer from {low} to {high}")
+
+
+def validated(values: dict[str, Any]) -> dict[str, Any]:
+    """A complete rule (defaults filled in), checked; :class:`InvalidRule` names the
+    first bad field."""
+    if unknown := sorted(set(values) - set(FIELDS)):
+        raise InvalidRule(unknown[0], "is not a field of an alert rule")
+    values = {**DEFAULTS, **values}
+    name = values.get("name")
+    if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME_LENGTH or text_problem(name):
+        raise InvalidRule("name", f"must be text of 1 to {MAX_NAME_LENGTH} characters")
+    if values.get("kind") not in AlertKind.values:
+        raise InvalidRule("kind", f"must be one of {', '.join(AlertKind.values)}")
+    agent = values["agent"]
+    if agent is not None and agent not in registry.names():
+        raise InvalidRule("agent", f"no agent named {agent!r} is registered")
+    threshold = values.get("threshold")
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+        raise InvalidRule("threshold", "must be a number")
+    high = 1 if values["kind"] == AlertKind.FAILURE_RATE else 1e12
+    if not math.isfinite(threshold) or not 0 <= threshold <= high:
+        raise InvalidRule("threshold", f"must be from 0 to {high:g}")
+    _integer(values, "window_seconds", 10, 3600)  # the finish counters' reach
+    _integer(values, "min_count", 1, 1_000_000)
+    _integer(values, "repeat_seconds", 60, 7 * 86400)
+    if not isinstance(values["enabled"], bool):
+        raise InvalidRule("enabled", "must be true or false")
+    try:
+        values["channels"] = check_channels(values["channels"])
+    except InvalidChannel as error:
+        raise InvalidRule(error.field, error.message) from None
+    return {field: values[field] for field in FIELDS}
+
+
+def described(rule: AlertRule) -> dict[str, Any]:
+    """The rule as the audit log and the API show it: channels without secrets."""
+    return {
+        **{field: getattr(rule, field) for field in FIELDS if field != "channels"},
+        "channels": [shown(channel) for channel in rule.channels],
+    }
+
+
+def create(values: dict[str, Any], *, actor: str, source: str) -> AlertRule:
+    values = validated(values)
+    with transaction.atomic():
+        rule = AlertRule(source=source, **values)
+        _save(rule)
+        _audit(rule, OperatorAction.Kind.CREATE_ALERT_RULE, actor, source, described(rule))
+    return rule
+
+
+def update(rule_id: int, changes: dict[str, Any], *, actor: str, source: str) -> AlertRule:
+    """Change a rule; its state (firing or not) stays, and the next evaluation reads it
+    by the new definition."""
+    with transaction.atomic():
+        rule = AlertRule.objects.select_for_update().get(pk=rule_id)
+        before = described(rule)
+        values = validated({**{f: getattr(rule, f) for f in FIELDS}, **changes})
+        for field, value in values.items():
+            setattr(rule, field, value)
+        rule.updated_at = db.database_clock()
+        _save(rule)
+        after = described(rule)
+        diff = {f: {"from": before[f], "to": after[f]} for f in FIELDS if before[f] != after[f]}
+        if diff:
+            _audit(rule, OperatorAction.Kind.UPDATE_ALERT_RULE, actor, source, diff)
+    return rule
+
+
+def delete(rule_id: int, *, actor: str, source: str) -> None:
+    """Remove a rule with its states and notifications."""
+    with transaction.atomic():
+        rule = AlertRule.objects.select_for_update().get(pk=rule_id)
+        _audit(rule, OperatorAction.Kind.DELETE_ALERT_RULE, actor, source, described(rule))
+        rule.delete()
+
+
+def _audit(rule: AlertRule, action: str, actor: str, source: str, changes: dict) -> None:
+    audit.record(
+        actor=actor,
+        action=action,
+        source=source,
+        agent_name=rule.agent,
+        changes={"alert_rule": rule.name, **changes},
+    )
+
+
+def _save(rule: AlertRule) -> None:
+    """Save; a name another transaction took meanwhile is refused as a taken name."""
+    try:
+        with transaction.atomic():
+            rule.save()
+    except IntegrityError as error:
+        diag = getattr(error.__cause__, "diag", None)
+        if diag is None or diag.constraint_name != NAME_CONSTRAINT:
+            raise
+        raise InvalidRule("name", f"an alert rule named {rule.name!r} exists") from None
