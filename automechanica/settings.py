@@ -178,6 +178,9 @@ QUEUE_METRICS_GRACE_SECONDS = float(os.environ.get("QUEUE_METRICS_GRACE_SECONDS"
 QUEUE_METRICS_BACKFILL_DAYS = float(os.environ.get("QUEUE_METRICS_BACKFILL_DAYS", 7))
 # The maintenance loop evaluates the alert rules at most this often (task_queue.alerts).
 QUEUE_ALERTS_EVALUATE_SECONDS = float(os.environ.get("QUEUE_ALERTS_EVALUATE_SECONDS", 10))
+# An alert's email waits at most this long for the mail server (Django's default: for
+# ever, which would hold one of the alert senders).
+EMAIL_TIMEOUT = env_seconds(os.environ, "EMAIL_TIMEOUT", 10)
 # Alert notifications link to the dashboard at this address (the one people reach it
 # at, such as https://queue.example.com); empty: links are paths.
 ALERTS_BASE_URL = os.environ.get("ALERTS_BASE_URL", "")

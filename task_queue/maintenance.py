@@ -10,10 +10,15 @@ process at a time across the cluster takes its own advisory lock
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from django.db import DatabaseError
+
+logger = logging.getLogger(__name__)
 
 # Orders of the jobs the product registers: leases first, then the rollups the daily
 # report reads, the report, and retention last (it may take longest).
@@ -55,14 +60,22 @@ class Schedule:
     last_run: dict[str, float] = field(default_factory=dict)
 
     def run_due_jobs(self) -> list[str]:
-        """One pass: every due job, by order; the lines they reported. A job that
-        raises is due again at the next pass; the jobs after it wait for that pass."""
+        """One pass: every due job, by order; the lines they reported. A job that fails
+        is due again at the next pass. A database error ends the pass (the loop
+        reconnects; the jobs after it wait for the next pass); any other error is
+        logged and the pass goes on, so one job's bug never stops the others."""
         said = []
         for job in registered():
             now = time.monotonic()
             if now - self.last_run.get(job.name, -math.inf) < job.every_seconds:
                 continue
-            line = job.run()
+            try:
+                line = job.run()
+            except DatabaseError:
+                raise
+            except Exception:
+                logger.exception("maintenance job %r failed; it runs again next pass", job.name)
+                continue
             self.last_run[job.name] = now
             if line:
                 said.append(line)

@@ -62,6 +62,8 @@ def sequence_and_prune() -> None:
 
 def evaluate_alerts() -> str | None:
     made = alerts.evaluation.evaluate()
+    if made is None:
+        logger.debug("alert rules: another process is evaluating them")
     if not made:
         return None
     return "alerts: " + ", ".join(f"{n.rule.name} ({n.agent}) {n.state}" for n in made)

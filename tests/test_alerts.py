@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 
 from task_queue import operations
-from task_queue.alerts import channels, delivery, evaluation
+from task_queue.alerts import channels, delivery, evaluation, rules
 from task_queue.models import (
     AlertDelivery,
     AlertKind,
@@ -83,6 +83,26 @@ def test_failure_rate_needs_its_minimum_count():
     make_failed([{"n": 3}])  # 2 of 4
     [fired] = evaluation.evaluate()
     assert (fired.state, fired.value) == ("firing", 0.5)
+
+
+def test_cancelled_tasks_are_not_finishes_a_rate_is_read_from():
+    rule(AlertKind.FAILURE_RATE, 0.5, min_count=1)
+    task = operations.enqueue("EchoAgent", "echo", {})
+    operations.cancel([task.id], actor="test")  # the agent's only finished task
+    assert evaluation.evaluate() == []
+
+
+def test_a_disabled_rule_or_one_for_another_agent_starts_afresh():
+    dead_letter = rule(AlertKind.DEAD_LETTER, 1, agent="EchoAgent")
+    make_failed([{"n": 1}])
+    assert states(evaluation.evaluate()) == [("EchoAgent", "firing")]
+    rules.update(dead_letter.id, {"enabled": False}, actor="test", source="api")
+    assert not dead_letter.states.exists()
+    rules.update(dead_letter.id, {"enabled": True}, actor="test", source="api")
+    assert states(evaluation.evaluate()) == [("EchoAgent", "firing")]  # a new firing
+    rules.update(dead_letter.id, {"agent": "FitmentAgent"}, actor="test", source="api")
+    assert not dead_letter.states.exists()
+    assert evaluation.evaluate() == []  # FitmentAgent has no dead task
 
 
 def test_backlog_age_and_no_workers_read_the_due_tasks():

@@ -1,6 +1,7 @@
-"""Two real maintenance processes evaluate the alert rules, one SIGKILLed while it is
-in the middle of an evaluation: the webhook still gets exactly one firing
-notification, and exactly one resolve once the tasks are revived."""
+"""Two real maintenance processes evaluate the alert rules: while one is in the middle
+of an evaluation the other does not start one, and the first is SIGKILLed there; the
+webhook still gets exactly one firing notification, and exactly one resolve once the
+tasks are revived."""
 
 from __future__ import annotations
 
@@ -34,16 +35,21 @@ WHERE a.datname = current_database() AND a.wait_event_type = 'Lock'
   AND EXISTS (SELECT FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'advisory'
               AND l.objid = {locks.ALERTS} AND l.granted)
 """
-FAST = {"QUEUE_ALERTS_EVALUATE_SECONDS": "0"}
+FAST = {"QUEUE_ALERTS_EVALUATE_SECONDS": "0", "LOG_LEVEL": "DEBUG"}
+# Backends of this database waiting for a lock.
+WAITING = """
+SELECT pid FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock'
+"""
 
 
-def evaluator_waiting() -> bool:
+def backends(statement: str) -> set[int]:
     with connection.cursor() as cursor:
         # The test reads inside its transaction, which keeps one picture of the
         # activity unless told to take a new one.
         cursor.execute("SELECT pg_stat_clear_snapshot()")
-        cursor.execute(EVALUATOR_WAITING)
-        return bool(cursor.fetchall())
+        cursor.execute(statement)
+        return {pid for (pid,) in cursor.fetchall()}
 
 
 def test_each_change_is_sent_once_with_two_processes_and_one_killed_mid_evaluation(tmp_path):
@@ -69,16 +75,21 @@ def test_each_change_is_sent_once_with_two_processes_and_one_killed_mid_evaluati
                     "runmaintenance", ["--every", "0.2"], tmp_path / "first.log", env=FAST
                 )
                 processes.append(first)
-                wait_for(evaluator_waiting, timeout=60, what="an evaluation to wait mid-way")
+                [evaluator] = wait_for(
+                    lambda: backends(EVALUATOR_WAITING), timeout=60, what="an evaluation mid-way"
+                )
                 second = ManageProcess(
                     "runmaintenance", ["--every", "0.2"], tmp_path / "second.log", env=FAST
                 )
                 processes.append(second)
+                # It finds the evaluation lock taken and goes on (had it evaluated, it
+                # would wait on the state's row as the first does).
                 wait_for(
-                    lambda: "maintenance every" in second.log(),
+                    lambda: "another process is evaluating" in second.log(),
                     timeout=60,
-                    what="the second process to start",
+                    what="the second process to find an evaluation running",
                 )
+                assert backends(WAITING) == {evaluator}
                 kill_group(first)  # mid-evaluation: its transaction never commits
             wait_for(lambda: len(receiver.requests) >= 1, timeout=60, what="the firing")
 

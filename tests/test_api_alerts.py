@@ -30,9 +30,12 @@ def test_an_admin_creates_changes_and_deletes_a_rule_and_each_change_is_audited(
     assert created.status_code == 201, created.content
     rule = created.json()
     assert SECRET.encode() not in created.content
-    assert rule["channels"] == [
-        {"type": "webhook", "url": "https://hooks.example.com/…", "signed": True}
-    ]
+    [shown] = rule["channels"]
+    assert {k: shown[k] for k in ("type", "url", "signed")} == {
+        "type": "webhook",
+        "url": "https://hooks.example.com/…",
+        "signed": True,
+    }
     assert (rule["window_seconds"], rule["repeat_seconds"], rule["firing"]) == (900, 3600, [])
     assert AlertRule.objects.get().channels[0]["secret"] == SECRET  # kept, for signing
 
@@ -57,6 +60,17 @@ def test_an_admin_creates_changes_and_deletes_a_rule_and_each_change_is_audited(
     assert all(SECRET not in str(a.changes) for a in actions)
 
 
+def test_a_new_secret_or_url_is_audited_without_showing_it(admin_api):
+    rule = admin_api.post("/api/v1/alert-rules", RULE).json()
+    rotated = [{**RULE["channels"][0], "secret": "rotated-secret"}]
+    changed = admin_api.patch(f"/api/v1/alert-rules/{rule['id']}", {"channels": rotated})
+    assert changed.status_code == 200
+    assert changed.json()["channels"][0]["fingerprint"] != rule["channels"][0]["fingerprint"]
+    update = OperatorAction.objects.get(action="update_alert_rule")
+    assert set(update.changes) == {"alert_rule", "channels"}
+    assert "rotated-secret" not in str(update.changes) and SECRET not in str(update.changes)
+
+
 def test_changing_rules_needs_an_admin_token(api):
     assert api.post("/api/v1/alert-rules", RULE).status_code == 403
     assert api.get("/api/v1/alert-rules").status_code == 200
@@ -74,6 +88,18 @@ def test_changing_rules_needs_an_admin_token(api):
         ({"repeat_seconds": 0}, "repeat_seconds"),
         ({"channels": [{"type": "webhook", "url": "file:///etc/passwd"}]}, "channels[0].url"),
         ({"channels": [{"type": "email", "to": ["x"]}]}, "channels[0].to[0]"),
+        ({"channels": [{"type": "email", "to": [{"@": 1}]}]}, "channels[0].to[0]"),
+        (
+            {"channels": [{"type": "webhook", "url": "https://u:pw@h.example.com/"}]},
+            "channels[0].url",
+        ),
+        (
+            {"channels": [{"type": "webhook", "url": "http://h.example.com:99999/"}]},
+            "channels[0].url",
+        ),
+        ({"channels": [{"type": "webhook", "url": "http://[bad/"}]}, "channels[0].url"),
+        ({"channels": [{"type": "slack", "url": "https://h.example.com/a\nb"}]}, "channels[0].url"),
+        ({"threshold": 0}, "threshold"),
         ({"colour": "red"}, "colour"),
         ({"name": ""}, "name"),
     ],

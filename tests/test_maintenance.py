@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import DatabaseError
 
 from task_queue import maintenance
 
@@ -45,17 +46,34 @@ def test_a_job_that_fails_is_due_again_at_the_next_pass(monkeypatch):
     calls = []
 
     def flaky() -> None:
-        calls.append(1)
+        calls.append("flaky")
         if len(calls) == 1:
-            raise RuntimeError("database went away")
+            raise DatabaseError("database went away")
 
     monkeypatch.setattr(maintenance, "_jobs", {})
     maintenance.register("flaky", flaky, every_seconds=3600)
     schedule = maintenance.Schedule()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(DatabaseError):  # the loop reconnects
         schedule.run_due_jobs()
     schedule.run_due_jobs()
-    assert len(calls) == 2
+    assert calls == ["flaky", "flaky"]
+
+
+def test_a_job_with_a_bug_does_not_stop_the_others(monkeypatch, caplog):
+    calls = []
+
+    def broken() -> None:
+        calls.append("broken")
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(maintenance, "_jobs", {})
+    maintenance.register("broken", broken, order=1)
+    maintenance.register("after", lambda: calls.append("after") or "said", order=2)
+    schedule = maintenance.Schedule()
+    assert schedule.run_due_jobs() == ["said"]
+    assert schedule.run_due_jobs() == ["said"]
+    assert calls == ["broken", "after", "broken", "after"]
+    assert "maintenance job 'broken' failed" in caplog.text
 
 
 def test_a_worker_whose_heartbeats_the_reaper_would_outwait_is_refused(settings):

@@ -78,7 +78,10 @@ class AlertRuleOut(BaseModel):
     window_seconds: int
     min_count: int
     repeat_seconds: int
-    channels: list[dict[str, Any]] = Field(description="Without secrets, URLs cut to the host.")
+    channels: list[dict[str, Any]] = Field(
+        description="Without secrets, URLs cut to the host; a fingerprint that changes "
+        "with the URL or the secret."
+    )
     enabled: bool
     source: str
     firing: list[AlertStateOut] = Field(description="The agents it fires for now.")

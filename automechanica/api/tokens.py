@@ -46,10 +46,10 @@ def create_token(name: str, scope: str, agents: Sequence[str] = ()) -> tuple[Api
 
 # Every API request reads its token: one statement, rather than the ORM's query, which
 # took 1.2 ms of CPU to this 0.2 ms (the 2-core machine of docs/performance.md).
-TOKEN_FIELDS = ("id", "name", "scope", "prefix", "token_hash", "created_at", "last_used_at",
-                "revoked_at", "agents")  # fmt: skip
+# Every column, in the model's order (Model.from_db takes a full row by position).
+TOKEN_FIELDS = [field.attname for field in ApiToken._meta.concrete_fields]
 ACTIVE_TOKEN = f"""
-SELECT {", ".join(TOKEN_FIELDS)} FROM api_tokens
+SELECT {", ".join(field.column for field in ApiToken._meta.concrete_fields)} FROM api_tokens
 WHERE token_hash = %(token_hash)s AND revoked_at IS NULL
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import http.client
 import json
 import time
 import urllib.error
@@ -59,16 +60,28 @@ def _check(where: str, channel: Any) -> dict[str, Any]:
             raise InvalidChannel(f"{where}.to", f"must list 1 to {MAX_RECIPIENTS} addresses")
         for j, address in enumerate(to):
             try:
+                if not isinstance(address, str):
+                    raise ValidationError("not text")
                 validate_email(address)
-            except (ValidationError, TypeError):
+            except ValidationError:
                 raise InvalidChannel(f"{where}.to[{j}]", "not an email address") from None
         return {"type": kind, "to": list(to)}
     url = channel.get("url")
     if not isinstance(url, str) or len(url) > MAX_URL_LENGTH:
         raise InvalidChannel(f"{where}.url", f"must be a URL of at most {MAX_URL_LENGTH} chars")
-    parts = urlsplit(url)
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise InvalidChannel(f"{where}.url", "must not hold spaces or control characters")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises for a port that is not one
+    except ValueError:
+        raise InvalidChannel(f"{where}.url", "is not a URL") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise InvalidChannel(f"{where}.url", "must be an http(s) URL with a host")
+    if parts.username is not None or parts.password is not None:
+        # They would be sent, and could be shown in errors: a receiver authenticates
+        # by the signature (``secret``) or a token in the path.
+        raise InvalidChannel(f"{where}.url", "must not hold a user name or password")
     checked = {"type": kind, "url": url}
     if "secret" in channel:
         secret = channel["secret"]
@@ -126,7 +139,8 @@ def send(channel: dict[str, Any], body: dict[str, Any], delivery_id: int) -> Sen
             return Sent(True, answer.status)
     except urllib.error.HTTPError as error:
         return Sent(False, error.code, f"HTTP {error.code}")
-    except (OSError, ValueError) as error:  # refused, timed out, bad answer
+    except (OSError, ValueError, http.client.HTTPException) as error:
+        # Refused, timed out, not HTTP: the error's words only (not the URL's path).
         return Sent(False, error=f"{type(error).__name__}: {error}"[:500])
 
 

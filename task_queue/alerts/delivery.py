@@ -13,6 +13,7 @@ recovery, which may send it a second time: a receiver can tell by the
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -25,22 +26,34 @@ from . import channels
 
 logger = logging.getLogger(__name__)
 
-BATCH = 20
 SENDERS = 4
 BASE_DELAY_SECONDS = 5.0  # 5 s, 20 s, 45 s, ... (8 attempts: about 17 minutes)
 # Long enough for a send's timeout, so only a sender that died loses its lease.
 LEASE_SECONDS = channels.TIMEOUT_SECONDS + 30
 
 _senders = ThreadPoolExecutor(max_workers=SENDERS, thread_name_prefix="alert-sender")
+# Sends started and not finished: a pass leases only as many as there are free
+# senders, so a leased delivery is sent at once, never left queued past its lease.
+_in_flight = threading.BoundedSemaphore(SENDERS)
 
 
 def deliver(*, wait_for_sends: bool = False) -> int:
-    """One pass: recover, lease and start sending the due deliveries; how many were
-    started. ``wait_for_sends``: return once they were sent (tests, a last pass)."""
+    """One pass: recover, lease and start sending the due deliveries (as many as
+    there are free senders); how many were started. ``wait_for_sends``: return once
+    they were sent (tests)."""
     leases.recover_expired(alerts_sql.DELIVERY_LEASE, alerts_sql.RECOVER_DELIVERIES)
-    claimed = alerts_sql.claim_deliveries(
-        owner=leases.holder_id(), limit=BATCH, lease_seconds=LEASE_SECONDS
-    )
+    free = 0
+    while free < SENDERS and _in_flight.acquire(blocking=False):
+        free += 1
+    claimed = []
+    try:
+        if free:
+            claimed = alerts_sql.claim_deliveries(
+                owner=leases.holder_id(), limit=free, lease_seconds=LEASE_SECONDS
+            )
+    finally:
+        for _ in range(free - len(claimed)):
+            _in_flight.release()
     started: list[Future] = [_senders.submit(_send, *row) for row in claimed]
     if wait_for_sends:
         wait(started)
@@ -71,3 +84,4 @@ def _send(
         logger.exception("alert delivery %s failed", delivery_id)
     finally:
         connection.close()  # this thread's; the next send opens its own
+        _in_flight.release()

@@ -191,6 +191,7 @@ class _Figures:
             return {
                 agent: (rate, done + bad >= rule.min_count and rate >= rule.threshold)
                 for agent, (done, bad) in finished.items()
+                if done + bad > 0
                 for rate in [bad / (done + bad)]
             }
         ages = self._ages_by_agent()

@@ -3,13 +3,17 @@ recorded in the audit log in one transaction."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import math
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from task_queue import audit, registry
-from task_queue.models import AlertKind, AlertRule, OperatorAction
+from task_queue.models import AlertKind, AlertRule, AlertState, OperatorAction
 from task_queue.sql import db
 from task_queue.storable import text_problem
 
@@ -44,9 +48,10 @@ def _integer(values: dict[str, Any], field: str, low: int, high: int) -> None:
         raise InvalidRule(field, f"must be an integer from {low} to {high}")
 
 
-def validated(values: dict[str, Any]) -> dict[str, Any]:
+def validated(values: dict[str, Any], *, new_agent: bool = True) -> dict[str, Any]:
     """A complete rule (defaults filled in), checked; :class:`InvalidRule` names the
-    first bad field."""
+    first bad field. ``new_agent``: the agent is given now, so it must be registered
+    (a rule kept for an agent no longer registered can still be changed)."""
     if unknown := sorted(set(values) - set(FIELDS)):
         raise InvalidRule(unknown[0], "is not a field of an alert rule")
     values = {**DEFAULTS, **values}
@@ -56,14 +61,16 @@ def validated(values: dict[str, Any]) -> dict[str, Any]:
     if values.get("kind") not in AlertKind.values:
         raise InvalidRule("kind", f"must be one of {', '.join(AlertKind.values)}")
     agent = values["agent"]
-    if agent is not None and agent not in registry.names():
+    if agent is not None and new_agent and agent not in registry.names():
         raise InvalidRule("agent", f"no agent named {agent!r} is registered")
     threshold = values.get("threshold")
     if isinstance(threshold, bool) or not isinstance(threshold, int | float):
         raise InvalidRule("threshold", "must be a number")
+    # A dead letter of 0 tasks would fire for every agent that finished anything.
+    low = 1 if values["kind"] == AlertKind.DEAD_LETTER else 0
     high = 1 if values["kind"] == AlertKind.FAILURE_RATE else 1e12
-    if not math.isfinite(threshold) or not 0 <= threshold <= high:
-        raise InvalidRule("threshold", f"must be from 0 to {high:g}")
+    if not math.isfinite(threshold) or not low <= threshold <= high:
+        raise InvalidRule("threshold", f"must be from {low} to {high:g}")
     _integer(values, "window_seconds", 10, 3600)  # the finish counters' reach
     _integer(values, "min_count", 1, 1_000_000)
     _integer(values, "repeat_seconds", 60, 7 * 86400)
@@ -77,11 +84,20 @@ def validated(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def described(rule: AlertRule) -> dict[str, Any]:
-    """The rule as the audit log and the API show it: channels without secrets."""
+    """The rule as the audit log and the API show it: channels without secrets, each
+    with a fingerprint that changes with its URL or secret (an HMAC under the
+    project's SECRET_KEY, so it tells nothing of them)."""
     return {
         **{field: getattr(rule, field) for field in FIELDS if field != "channels"},
-        "channels": [shown(channel) for channel in rule.channels],
+        "channels": [
+            {**shown(channel), "fingerprint": fingerprint(channel)} for channel in rule.channels
+        ],
     }
+
+
+def fingerprint(channel: dict[str, Any]) -> str:
+    text = json.dumps(channel, sort_keys=True).encode()
+    return hmac.new(settings.SECRET_KEY.encode(), text, hashlib.sha256).hexdigest()[:16]
 
 
 def create(values: dict[str, Any], *, actor: str, source: str) -> AlertRule:
@@ -94,12 +110,18 @@ def create(values: dict[str, Any], *, actor: str, source: str) -> AlertRule:
 
 
 def update(rule_id: int, changes: dict[str, Any], *, actor: str, source: str) -> AlertRule:
-    """Change a rule; its state (firing or not) stays, and the next evaluation reads it
-    by the new definition."""
+    """Change a rule. Disabled, or watching another kind or agent, it starts afresh:
+    its states are dropped, with no resolve sent (it no longer watches what fired).
+    Otherwise the next evaluation reads its states by the new definition."""
     with transaction.atomic():
         rule = AlertRule.objects.select_for_update().get(pk=rule_id)
         before = described(rule)
-        values = validated({**{f: getattr(rule, f) for f in FIELDS}, **changes})
+        new_agent = changes.get("agent", rule.agent) != rule.agent
+        values = validated(
+            {**{f: getattr(rule, f) for f in FIELDS}, **changes}, new_agent=new_agent
+        )
+        if not values["enabled"] or new_agent or values["kind"] != rule.kind:
+            AlertState.objects.filter(rule=rule).delete()
         for field, value in values.items():
             setattr(rule, field, value)
         rule.updated_at = db.database_clock()

@@ -13,15 +13,17 @@ from task_queue.sql.db import fetch
 
 # Per agent, the tasks that finished in the last %(window)s seconds (at most the
 # finish counters' hour), from the 10-second buckets that began in it: completed, and
-# ended failed or dead. Like every reader of these counters, in a transaction under 10
-# minutes old (migration queue 0028).
+# ended failed or dead (cancelled ones are neither); agents with none are left out.
+# Like every reader of these counters, in a transaction under 10 minutes old
+# (migration queue 0028).
 FINISHED_IN_WINDOW = """
 SELECT agent_name,
        COALESCE(sum(n) FILTER (WHERE status = 'completed'), 0)::bigint,
        COALESCE(sum(n) FILTER (WHERE status IN ('failed', 'dead')), 0)::bigint
 FROM task_finish_counts
 WHERE bucket_start >= now() - make_interval(secs => %(window)s)
-GROUP BY agent_name HAVING sum(n) <> 0
+  AND status IN ('completed', 'failed', 'dead')
+GROUP BY agent_name HAVING sum(n) > 0
 """
 
 
