@@ -26,7 +26,7 @@ from django.utils.dateparse import parse_datetime
 from agents_app.models import AgentEvent
 from automechanica.api.models import ApiToken
 from automechanica.api.tokens import find_active_token
-from task_queue.models import EventRelayCursor, OutboxEvent, Task, Worker, Workflow
+from task_queue.models import AlertRule, EventRelayCursor, OutboxEvent, Task, Worker, Workflow
 from task_queue.operations import enqueue
 from task_queue.relay.names import destination_key
 from tests.support.queue import claim_and_start, complete_pending
@@ -269,6 +269,12 @@ class EnqueueBench(Check):
         assert Task.objects.count() == before  # the bench removes its tasks
 
 
+class AlertBench(Check):
+    def verify(self, opts: dict[str, Any], state: None, run: Run) -> None:
+        assert run.output.startswith(f"{opts['runs']} evaluations of 4 rules over about ")
+        assert not AlertRule.objects.filter(name__startswith="alert_bench:").exists()
+
+
 class Up(Check):
     def setup(self, opts: dict[str, Any]) -> None:
         pytest.skip(f"up starts every process; {UP_IS_TESTED_BY} runs it (slow)")
@@ -290,5 +296,6 @@ CHECKS: dict[str, Check] = {
     "dashboard_bench": DashboardBench(),
     "queue_bench": QueueBench(),
     "enqueue_bench": EnqueueBench(),
+    "alert_bench": AlertBench(),
     "up": Up(),
 }

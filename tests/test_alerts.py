@@ -12,6 +12,7 @@ import json
 from datetime import timedelta
 
 import pytest
+from django.core.management import call_command
 
 from task_queue import operations
 from task_queue.alerts import channels, delivery, evaluation, rules
@@ -227,3 +228,10 @@ def test_a_channel_is_shown_without_its_secret_or_path():
         "url": "https://hooks.example.com:8443/…",
         "signed": True,
     }
+
+
+def test_alert_bench_times_evaluations_and_leaves_no_rule(capsys):
+    call_command("alert_bench", "--runs", "3")
+    said = capsys.readouterr().out
+    assert said.startswith("3 evaluations of 4 rules over about ") and " median " in said
+    assert not AlertRule.objects.exists()
