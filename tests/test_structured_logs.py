@@ -5,18 +5,21 @@ import asyncio
 import json
 import logging
 import uuid
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
+from django.utils import timezone
 
 from agents_app import memory
 from agents_app.models import AgentEvent, EmbeddingJob
-from task_queue import task_logging
+from task_queue import reaper, task_logging
 from task_queue.models import Task, TaskStatus
 from task_queue.operations import enqueue
 from task_queue.task_logging import TaskFields
 from tests.support.brokers import NATS_URL, jetstream, needs_nats
 from tests.support.processes import manage_env, run_manage
+from tests.support.queue import OWNER, claim_and_start
 from tests.test_relay import command
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -194,3 +197,21 @@ def test_any_line_inside_a_tasks_context_carries_it_and_none_outside():
     assert (nested.agent, nested.worker, nested.attempt) == ("SEOAgent", None, None)
     assert after_nested.task_id == str(task.id)
     assert not any(hasattr(outside, name) for name in FIELDS)
+
+
+def test_the_reapers_line_about_a_task_it_leaves_dead_is_an_error_with_its_fields(caplog):
+    caplog.handler.addFilter(TaskFields())  # the filter settings.LOGGING gives its handler
+    task_id = enqueue("EchoAgent", "echo", {}, trace_id="t-reaped", max_attempts=1).id
+    claim_and_start("EchoAgent")
+    with caplog.at_level(logging.WARNING, logger="task_queue.reaper"):
+        reaper.reap_expired_leases(now=timezone.now() + timedelta(hours=1))
+    [line] = caplog.records
+    assert (line.levelname, line.message) == ("ERROR", f"lease expired on task {task_id}: now dead")
+    fields = {name: getattr(line, name) for name in FIELDS}
+    assert fields == {
+        "task_id": str(task_id),
+        "trace_id": "t-reaped",
+        "agent": "EchoAgent",
+        "worker": OWNER,
+        "attempt": 1,
+    }

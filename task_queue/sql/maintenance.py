@@ -40,7 +40,8 @@ reaped AS (
     FROM expired
     WHERE t.id = expired.id
     RETURNING t.id, t.agent_name, t.status, t.attempts, t.started_at, t.error_info,
-              expired.status AS from_status, expired.lease_owner, expired.lease_token
+              t.trace_id, expired.status AS from_status, expired.lease_owner,
+              expired.lease_token
 ),
 history AS (
     INSERT INTO task_history (task_id, event, from_status, to_status, attempt, actor,
@@ -59,12 +60,17 @@ counted AS (
     GROUP BY agent_name ORDER BY agent_name
     ON CONFLICT (agent_name, measure, slot, shard) DO UPDATE SET n = c.n + EXCLUDED.n
 )
-SELECT id, agent_name, status FROM reaped
+SELECT id, agent_name, status, trace_id, attempts - (from_status = 'running')::int,
+       lease_owner
+FROM reaped
 """
 
 
-def reap_expired_leases(*, limit: int, now: datetime | None) -> list[tuple[UUID, str, str]]:
-    """Return tasks whose lease ran out to pending (or dead); (id, agent, status) each.
+def reap_expired_leases(
+    *, limit: int, now: datetime | None
+) -> list[tuple[UUID, str, str, str | None, int, str]]:
+    """Return tasks whose lease ran out to pending (or dead); (id, agent, status, trace
+    id, attempts counted before the one whose lease expired, lease holder) each.
 
     A task that was running counts the attempt, so a task that kills its worker
     every time ends dead instead of looping. A task only leased, never started,
