@@ -11,12 +11,13 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 
 from . import audit, operations, schedule_times, task_specs
 from .models import OperatorAction, Priority, Schedule, ScheduleRun
 from .sql import db
 from .storable import text_problem
+from .unique_names import save_named
 
 Kind = OperatorAction.Kind
 # The idempotency key ``schedule:<name>:<slot>`` must stay within the queue's key limit.
@@ -168,17 +169,11 @@ def update(schedule_id: int, changes: dict[str, Any], *, actor: str, source: str
 
 
 def _save(schedule: Schedule) -> None:
-    """Save; a name that a concurrent transaction took after the check above is refused
-    as the check would have refused it (not a database error)."""
-    try:
-        with transaction.atomic():
-            schedule.save()
-    except IntegrityError as error:
-        if getattr(error.__cause__, "diag", None) is None or (
-            error.__cause__.diag.constraint_name != NAME_CONSTRAINT
-        ):
-            raise
-        raise InvalidSchedule("name", f"a schedule named {schedule.name!r} exists") from None
+    save_named(
+        schedule,
+        NAME_CONSTRAINT,
+        lambda: InvalidSchedule("name", f"a schedule named {schedule.name!r} exists"),
+    )
 
 
 def set_enabled(schedule_id: int, enabled: bool, *, actor: str, source: str) -> Schedule:

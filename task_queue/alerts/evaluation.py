@@ -50,16 +50,14 @@ def evaluate(*, now: datetime | None = None) -> list[AlertNotification] | None:
             return None
         clock = now or db.database_clock()
         rules = list(AlertRule.objects.filter(enabled=True))
-        states = {
-            (state.rule_id, state.agent): state
-            for state in AlertState.objects.filter(rule__in=rules)
-        }
+        states: dict[int, dict[str, AlertState]] = {rule.id: {} for rule in rules}
+        for state in AlertState.objects.filter(rule__in=rules):
+            states[state.rule_id][state.agent] = state
         figures = _Figures()
         made = []
         for rule in rules:
-            known = {agent for rule_id, agent in states if rule_id == rule.id}
-            for reading in figures.readings(rule, known):
-                state = states.get((rule.id, reading.agent))
+            for reading in figures.readings(rule, set(states[rule.id])):
+                state = states[rule.id].get(reading.agent)
                 notification = _step(rule, state, reading, clock)
                 if notification is not None:
                     made.append(notification)

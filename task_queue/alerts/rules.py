@@ -10,12 +10,13 @@ import math
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 
 from task_queue import audit, registry
 from task_queue.models import AlertKind, AlertRule, AlertState, OperatorAction
 from task_queue.sql import db
 from task_queue.storable import text_problem
+from task_queue.unique_names import save_named
 
 from .channels import InvalidChannel, check_channels, shown
 
@@ -152,12 +153,8 @@ def _audit(rule: AlertRule, action: str, actor: str, source: str, changes: dict)
 
 
 def _save(rule: AlertRule) -> None:
-    """Save; a name another transaction took meanwhile is refused as a taken name."""
-    try:
-        with transaction.atomic():
-            rule.save()
-    except IntegrityError as error:
-        diag = getattr(error.__cause__, "diag", None)
-        if diag is None or diag.constraint_name != NAME_CONSTRAINT:
-            raise
-        raise InvalidRule("name", f"an alert rule named {rule.name!r} exists") from None
+    save_named(
+        rule,
+        NAME_CONSTRAINT,
+        lambda: InvalidRule("name", f"an alert rule named {rule.name!r} exists"),
+    )
