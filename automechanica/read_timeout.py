@@ -6,6 +6,13 @@ read is answered 503 (the API's error body with ``code`` ``read_timeout``; plain
 for a page) instead of a 500, and the connection is as good as before. Writes, the
 workers, maintenance and every other process are not bounded: only these views run
 through here. 0 turns the limit off.
+
+It is a ``MiddlewareMixin``, which runs in either mode: a middleware that ran only
+synchronously, last in ``MIDDLEWARE``, made Django run the whole chain in a thread
+that called back into the event loop for the view. A SIGTERM arriving while such a
+thread was between the two could leave it waiting on the stopped loop for ever, and
+daphne never exited (its exit waits for the thread). Run asynchronously, no request
+thread waits on the loop.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import Any
 from django.conf import settings
 from django.db import OperationalError, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.deprecation import MiddlewareMixin
 from psycopg.errors import QueryCanceled
 
 from automechanica.api.errors import body
@@ -28,14 +36,8 @@ BOUNDED_APPS = frozenset({API_APP, "dashboard"})
 READ_METHODS = frozenset({"GET", "HEAD"})
 
 
-class ReadTimeoutMiddleware:
+class ReadTimeoutMiddleware(MiddlewareMixin):
     """Runs bounded views itself (``process_view``), so it is last in ``MIDDLEWARE``."""
-
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        return self.get_response(request)
 
     def process_view(
         self,

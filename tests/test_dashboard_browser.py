@@ -66,6 +66,14 @@ def log_in(browser, server, username: str, path: str = "/"):
     return page
 
 
+WATCH_FOR_DOWN = """() => {
+  window.wentDown = false;
+  new MutationObserver(() => {
+    if (document.querySelector(".live-badge.down")) window.wentDown = true;
+  }).observe(document.body, {subtree: true, childList: true, attributes: true});
+}"""
+
+
 def live(page) -> None:
     page.wait_for_selector(".live-badge.live", timeout=10_000)
 
@@ -114,9 +122,11 @@ def test_overview_counts_move_while_a_worker_completes_tasks(
     page.click('tr[data-agent="EchoAgent"] button:has-text("Resume")')
     wait_for(lambda: status(held) == TaskStatus.COMPLETED, what="the resumed queue")
 
-    # The socket comes back by itself after a server restart.
+    # The socket comes back by itself after a server restart (it may be back before
+    # restart() returns: the badge's going down is recorded as it happens).
+    page.evaluate(WATCH_FOR_DOWN)
     server.restart()
-    page.wait_for_selector(".live-badge.down", timeout=10_000)
+    page.wait_for_function("window.wentDown", timeout=10_000)
     live(page)
     db(lambda: operations.enqueue("EchoAgent", "echo", {}))
     page.wait_for_function(

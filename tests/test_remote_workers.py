@@ -200,12 +200,13 @@ def test_remote_agents_killed_and_frozen_complete_every_task_once(
     lease = 6.0
     victims = [remote_agents(server.url, key, "EchoAgent", f"victim-{i}:1", lease) for i in (0, 1)]
     wait_for(lambda: all(_claimed(v) for v in victims), timeout=60, what="the victims' claims")
+    # Hit at once, in their 4 s tasks (the others take longer than that to start).
+    victims[0].process.send_signal(signal.SIGKILL)
+    victims[1].process.send_signal(signal.SIGSTOP)
     tasks += [operations.enqueue("EchoAgent", "echo", {"work_seconds": 0.2}) for _ in range(30)]
     for i in (0, 1):
         remote_agents(server.url, key, "EchoAgent", f"agent-{i}:1", lease)
     worker_processes("EchoAgent", "--concurrency", "2").wait_ready()
-    victims[0].process.send_signal(signal.SIGKILL)
-    victims[1].process.send_signal(signal.SIGSTOP)
     manage_processes("runmaintenance")  # the reaper
     ids = [t.id for t in tasks]
     # The tasks the agent holds, sampled as fast as the database answers until all are

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -10,6 +11,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from tests.support.waiting import wait_for
 
 
 class LiveServer:
@@ -37,7 +40,8 @@ class LiveServer:
                 "automechanica.asgi:application",
             ],
             cwd=self.cwd,
-            env=self.env,
+            # SIGABRT writes every thread's stack to the log (_terminate).
+            env=self.env | {"PYTHONFAULTHANDLER": "1"},
             stdout=self._log,
             stderr=subprocess.STDOUT,
             pass_fds=[self.sock.fileno()],
@@ -45,12 +49,29 @@ class LiveServer:
 
     def restart(self) -> None:
         """Stop the server and start another on the same socket (the same port):
-        clients see their connections drop, then the server come back. A server with
-        a dashboard's socket open waits up to 10 s for its consumer to close (daphne's
-        application close timeout), longer on a machine busy with other tests."""
-        self.process.terminate()
-        self.process.wait(30)
+        clients see their connections drop, then the server come back. Returns once
+        the new server answers."""
+        self._terminate()
         self.process = self._spawn()
+        wait_for(self.ready, timeout=60, what="daphne to answer again")
+
+    def _terminate(self, seconds: float = 30) -> None:
+        """SIGTERM, as a deployment stops it; a server still running after ``seconds``
+        is a bug, shown with its threads' stacks (and killed)."""
+        if self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(seconds)
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGABRT)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            stacks = self.log()
+            raise AssertionError(f"daphne ignored SIGTERM for {seconds:g} s:\n{stacks}") from None
 
     def ready(self) -> bool:
         """True once the server answers (401: it is up and wants a token)."""
@@ -69,15 +90,11 @@ class LiveServer:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        self._log.close()
-        self.sock.close()
+        try:
+            self._terminate()
+        finally:
+            self._log.close()
+            self.sock.close()
 
 
 def http(method: str, url: str, token: str | None, body: Any = None) -> tuple[int, Any]:
