@@ -3,6 +3,8 @@
 - the lease reaper: gives back tasks whose lease expired and forgets workers that
   stopped heartbeating (workers run it too, so it keeps going with no maintenance
   process up);
+- at every pass, the workflows to escalate (``task_queue.escalation``), after the
+  reaper (whose dead tasks count);
 - the metric rollups of the buckets that closed (``task_queue.metrics``);
 - once a minute, positions for the event stream's new events, then retention
   (``task_queue.retention``);
@@ -29,6 +31,7 @@ from task_queue.sql import counts
 from . import (
     alerts,
     blob_collection,
+    escalation,
     event_stream,
     maintenance,
     metrics,
@@ -43,6 +46,11 @@ logger = logging.getLogger(__name__)
 def reap() -> str | None:
     reaped = reaper.reap_expired_leases()
     return f"reaper: recovered {len(reaped)} task(s)" if reaped else None
+
+
+def escalate_workflows() -> None:
+    for workflow in escalation.escalate_due():
+        logger.warning("workflow %s escalated: an operator is to resume or cancel it", workflow)
 
 
 def roll_up() -> None:
@@ -89,6 +97,7 @@ FOLD_COUNTS_EVERY_SECONDS = 60.0
 
 def register() -> None:
     maintenance.register("reaper", reap, order=maintenance.LEASES)
+    maintenance.register("workflow escalation", escalate_workflows, order=maintenance.LEASES + 1)
     maintenance.register("metric rollups", roll_up, order=maintenance.ROLLUPS)
     maintenance.register("schedules", schedule_firing.FiringJob(), order=maintenance.REPORTS)
     maintenance.register(

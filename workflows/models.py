@@ -16,6 +16,7 @@ class WorkflowStatus(models.TextChoices):
     RUNNING = "running"
     COMPLETED = "completed"
     NEEDS_ATTENTION = "needs_attention"  # a task is dead or failed
+    ESCALATED = "escalated"  # past a threshold it set, until resumed (task_queue.escalation)
     CANCELLED = "cancelled"
 
 

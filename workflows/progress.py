@@ -2,7 +2,9 @@
 
 Spec 001 §9: completed when all its tasks are (and no more are coming: not
 ``open``); needs attention while one is dead or failed, and running again once
-revived; cancelled by an operator. Derived on read, so it is never stale.
+revived; cancelled by an operator. Derived on read, so it is never stale, except
+escalated, which the queue records (``task_queue.escalation``): it holds until an
+operator resumes or cancels the workflow, whatever its tasks do meanwhile.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def status_of(workflow: Workflow, progress: Progress) -> str:
     counts = progress.counts
     if workflow.cancelled_at is not None:
         return WorkflowStatus.CANCELLED
+    if workflow.escalated_at is not None:
+        return WorkflowStatus.ESCALATED
     if any(counts[s] for s in ATTENTION):
         return WorkflowStatus.NEEDS_ATTENTION
     if progress.total == 0:
@@ -64,9 +68,12 @@ def with_status(workflows: QuerySet, status: str) -> QuerySet:
     has_tasks = Exists(tasks)
     attention = Exists(tasks.filter(status__in=ATTENTION))
     unfinished = Exists(tasks.exclude(status__in=DONE))
-    live = Q(cancelled_at__isnull=True)
+    cancelled = Q(cancelled_at__isnull=False)
+    escalated = ~cancelled & Q(escalated_at__isnull=False)
+    live = ~cancelled & Q(escalated_at__isnull=True)
     conditions = {
-        WorkflowStatus.CANCELLED: ~live,
+        WorkflowStatus.CANCELLED: cancelled,
+        WorkflowStatus.ESCALATED: escalated,
         WorkflowStatus.NEEDS_ATTENTION: live & attention,
         WorkflowStatus.PENDING: live & ~has_tasks,
         WorkflowStatus.COMPLETED: live & ~attention & has_tasks & Q(open=False) & ~unfinished,

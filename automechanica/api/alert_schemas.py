@@ -13,7 +13,7 @@ from pydantic import StrictInt as Int
 
 from .schemas import StrictSchema, Text
 
-Kind = Literal["dead_letter", "failure_rate", "backlog_age", "no_workers"]
+Kind = Literal["dead_letter", "failure_rate", "backlog_age", "no_workers", "workflow_escalated"]
 
 EXAMPLE_RULE = {
     "name": "fitment dead letter",
@@ -64,6 +64,7 @@ class AlertRuleUpdate(StrictSchema):
 
 class AlertStateOut(BaseModel):
     agent: str
+    workflow_id: str | None = Field(description="workflow_escalated: the workflow.")
     value: float | None
     firing_since: datetime | None
     notified_at: datetime | None
@@ -106,6 +107,7 @@ class NotificationOut(BaseModel):
     id: int
     rule: str
     agent: str
+    workflow_id: str | None = Field(description="workflow_escalated: the workflow.")
     state: str
     value: float | None
     threshold: float

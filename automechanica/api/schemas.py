@@ -61,7 +61,9 @@ Text = Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH), AfterValid
 SearchText = Annotated[str, Field(max_length=400), AfterValidator(storable_text)]
 Cursor = Annotated[str, Field(max_length=200, description="A next_cursor this API returned.")]
 TaskStatusName = Literal["pending", "leased", "running", "completed", "failed", "dead", "cancelled"]
-WorkflowStatusName = Literal["pending", "running", "completed", "needs_attention", "cancelled"]
+WorkflowStatusName = Literal[
+    "pending", "running", "completed", "needs_attention", "escalated", "cancelled"
+]
 Seconds = Annotated[float, Field(ge=0, le=MAX_DELAY_SECONDS, allow_inf_nan=False)]
 PriorityValue = Annotated[Int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)]
 
@@ -282,6 +284,9 @@ class CancelOut(Schema):
 # ------------------------------------------------------------------ workflows
 
 
+MAX_ESCALATE_SECONDS = 366 * 86_400
+
+
 class WorkflowCreate(StrictSchema):
     model_config = ConfigDict(
         json_schema_extra={
@@ -298,6 +303,13 @@ class WorkflowCreate(StrictSchema):
     )
     trace_id: Text | None = None
     tasks: Annotated[list[NewTask], Field(max_length=1000)] = []
+    escalate_after_failures: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+        None,
+        description="Escalate the workflow once this many of its tasks are dead or failed.",
+    )
+    escalate_after_seconds: Annotated[int, Field(ge=1, le=MAX_ESCALATE_SECONDS)] | None = Field(
+        None, description="Escalate the workflow if it is still running this long after now."
+    )
 
 
 class WorkflowUpdate(StrictSchema):
@@ -319,6 +331,15 @@ class WorkflowOut(Schema):
     progress: dict[TaskStatusName, int] = Field(description="Task counts by status.")
     total_tasks: int
     cancelled_at: datetime | None
+    escalate_after_failures: int | None
+    escalate_after_seconds: int | None
+    escalated_at: datetime | None = Field(
+        description="Set while escalated: until resumed (POST .../resume) or cancelled."
+    )
+    escalation: dict[str, Any] | None = Field(
+        description="Why and when it escalated (reason failures or running_too_long), "
+        "and who resumed it: once set, the workflow never escalates again."
+    )
     created_at: datetime
     updated_at: datetime
 

@@ -80,7 +80,9 @@ class StreamFilter:
         if not (self.workflow_id or self.task_ids or self.agent or self.token_agents):
             return True
         task_id = task_of(event)
-        if self.workflow_id is not None and workflows.get(task_id or "") != self.workflow_id:
+        # A workflow's own events (evt.workflow.*) name it; a task's, through its task.
+        workflow = event.payload.get("workflow_id") or workflows.get(task_id or "")
+        if self.workflow_id is not None and workflow != self.workflow_id:
             return False
         if self.task_ids and task_id not in self.task_ids:
             return False

@@ -35,6 +35,7 @@ urlpatterns = [
     path("workers/", views.workers, name="workers"),
     path("workflows/", views.workflows, name="workflows"),
     path("workflows/<uuid:workflow_id>/", views.workflow_detail, name="workflow"),
+    path("workflows/<uuid:workflow_id>/resume/", views.resume_workflow, name="resume_workflow"),
     path("audit/", views.audit, name="audit"),
     path("messages/", mailboxes.mailboxes, name="mailboxes"),
     path("messages/<uuid:message_id>/revive/", mailboxes.revive_message, name="revive_message"),

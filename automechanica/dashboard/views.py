@@ -24,7 +24,7 @@ from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET, require_POST
 
 from agents_app.memory import similar_events, task_text
-from task_queue import blobs, operations, registry
+from task_queue import blobs, escalation, operations, registry
 from task_queue.audit import user_actor
 from task_queue.models import DeadLetterEntry, OperatorAction, Task, TaskStatus, Workflow
 from task_queue.sql import db
@@ -46,6 +46,7 @@ PERMISSIONS = {
     "cancel": "queue.cancel_task",
     "pause": "queue.pause_agent",
     "resume": "queue.pause_agent",
+    "resume_workflow": "workflows.change_workflow",
 }
 
 
@@ -324,7 +325,24 @@ def workflows(request: HttpRequest) -> HttpResponse:
 @require_GET
 def workflow_detail(request: HttpRequest, workflow_id: UUID) -> HttpResponse:
     workflow = get_object_or_404(Workflow, id=workflow_id)
-    return render(request, "dashboard/workflow.html", fragments.workflow_context(workflow))
+    context = fragments.workflow_context(workflow)
+    context["can_resume"] = request.user.has_perm(PERMISSIONS["resume_workflow"])
+    return render(request, "dashboard/workflow.html", context)
+
+
+@staff_member_required
+@require_POST
+def resume_workflow(request: HttpRequest, workflow_id: UUID) -> HttpResponse:
+    """Resume an escalated workflow; answers with the refreshed workflow fragment."""
+    _require(request, "resume_workflow")
+    get_object_or_404(Workflow, id=workflow_id)
+    if not escalation.resume(workflow_id, actor=user_actor(request.user), source="dashboard"):
+        return HttpResponse(
+            "This workflow is not escalated (any more).",
+            status=409,
+            content_type="text/plain; charset=utf-8",
+        )
+    return HttpResponse(fragments.render_workflow(workflow_id))
 
 
 @staff_member_required

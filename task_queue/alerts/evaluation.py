@@ -15,7 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 from urllib.parse import quote
+from uuid import UUID
 
 from django.conf import settings
 from django.db import transaction
@@ -30,16 +32,24 @@ from task_queue.models import (
 )
 from task_queue.sql import alerts as alerts_sql
 from task_queue.sql import db, locks
+from task_queue.sql import escalation as escalation_sql
 from task_queue.sql import reading as reading_sql
 
 
 @dataclass(frozen=True)
 class Reading:
-    """A rule's figure for one agent, and whether its condition holds."""
+    """A rule's figure for one agent (and workflow, for workflow_escalated), and
+    whether its condition holds; ``about``: what the summary says of it."""
 
     agent: str
     value: float
     holds: bool
+    workflow: UUID | None = None
+    about: str = ""
+
+    @property
+    def key(self) -> tuple[str, UUID | None]:
+        return (self.agent, self.workflow)
 
 
 def evaluate(*, now: datetime | None = None) -> list[AlertNotification] | None:
@@ -50,14 +60,14 @@ def evaluate(*, now: datetime | None = None) -> list[AlertNotification] | None:
             return None
         clock = now or db.database_clock()
         rules = list(AlertRule.objects.filter(enabled=True))
-        states: dict[int, dict[str, AlertState]] = {rule.id: {} for rule in rules}
+        states: dict[int, dict[tuple[str, UUID | None], AlertState]] = {r.id: {} for r in rules}
         for state in AlertState.objects.filter(rule__in=rules):
-            states[state.rule_id][state.agent] = state
+            states[state.rule_id][(state.agent, state.workflow_id)] = state
         figures = _Figures()
         made = []
         for rule in rules:
             for reading in figures.readings(rule, set(states[rule.id])):
-                state = states[rule.id].get(reading.agent)
+                state = states[rule.id].get(reading.key)
                 notification = _step(rule, state, reading, clock)
                 if notification is not None:
                     made.append(notification)
@@ -71,7 +81,7 @@ def _step(
     if state is None:
         if not reading.holds:
             return None
-        state = AlertState(rule=rule, agent=reading.agent)
+        state = AlertState(rule=rule, agent=reading.agent, workflow_id=reading.workflow)
     notify = None
     if reading.holds and state.firing_since is None:
         state.firing_since = clock
@@ -102,16 +112,18 @@ def _notify(
         "rule": rule.name,
         "kind": rule.kind,
         "agent": reading.agent,
+        "workflow": str(reading.workflow) if reading.workflow else None,
         "state": state,
         "value": reading.value,
         "threshold": rule.threshold,
         "started_at": started_at.isoformat(),
         "summary": summary(rule, reading, state),
-        "links": links(rule.kind, reading.agent),
+        "links": links(rule.kind, reading.agent, reading.workflow),
     }
     notification = AlertNotification.objects.create(
         rule=rule,
         agent=reading.agent,
+        workflow_id=reading.workflow,
         state=state,
         value=reading.value,
         threshold=rule.threshold,
@@ -124,26 +136,32 @@ def _notify(
     return notification
 
 
-DESCRIBED: dict[str, Callable[[AlertRule, float], str]] = {
-    AlertKind.DEAD_LETTER: lambda rule, value: (
-        f"{value:g} task(s) ended dead or failed in {rule.window_seconds} s"
+DESCRIBED: dict[str, Callable[[AlertRule, Reading], str]] = {
+    AlertKind.DEAD_LETTER: lambda rule, reading: (
+        f"{reading.value:g} task(s) ended dead or failed in {rule.window_seconds} s"
     ),
-    AlertKind.FAILURE_RATE: lambda rule, value: (
-        f"{value:.0%} of the tasks finished in {rule.window_seconds} s failed"
+    AlertKind.FAILURE_RATE: lambda rule, reading: (
+        f"{reading.value:.0%} of the tasks finished in {rule.window_seconds} s failed"
     ),
-    AlertKind.BACKLOG_AGE: lambda rule, value: f"a due task has waited {value:.0f} s",
-    AlertKind.NO_WORKERS: lambda rule, value: "tasks are due and no worker serves the agent",
+    AlertKind.BACKLOG_AGE: lambda rule, reading: f"a due task has waited {reading.value:.0f} s",
+    AlertKind.NO_WORKERS: lambda rule, reading: "tasks are due and no worker serves the agent",
+    AlertKind.WORKFLOW_ESCALATED: lambda rule, reading: (
+        reading.about or f"workflow {reading.workflow} is escalated no more"
+    ),
 }
 
 
 def summary(rule: AlertRule, reading: Reading, state: str) -> str:
-    what = DESCRIBED[rule.kind](rule, reading.value)
+    what = DESCRIBED[rule.kind](rule, reading)
+    subject = reading.agent or "every agent"
     if state == AlertNotification.State.RESOLVED:
-        return f"resolved: {rule.name} ({reading.agent}): {what}"
-    return f"{rule.name} ({reading.agent}): {what} (threshold {rule.threshold:g})"
+        return f"resolved: {rule.name} ({subject}): {what}"
+    if rule.kind == AlertKind.WORKFLOW_ESCALATED:
+        return f"{rule.name} ({subject}): {what}"
+    return f"{rule.name} ({subject}): {what} (threshold {rule.threshold:g})"
 
 
-def links(kind: str, agent: str) -> dict[str, str]:
+def links(kind: str, agent: str, workflow: UUID | None = None) -> dict[str, str]:
     """The dashboard pages an operator opens for this alert (``ALERTS_BASE_URL`` in
     front, the address people reach the dashboard at)."""
     base = settings.ALERTS_BASE_URL.rstrip("/")
@@ -151,12 +169,14 @@ def links(kind: str, agent: str) -> dict[str, str]:
         "dead_letter": f"/dead-letter/?agent={quote(agent)}",
         "agent": "/",
         "workers": "/workers/",
+        "workflow": f"/workflows/{workflow}/",
     }
     wanted = {
         AlertKind.DEAD_LETTER: ("dead_letter", "agent"),
         AlertKind.FAILURE_RATE: ("dead_letter", "agent"),
         AlertKind.BACKLOG_AGE: ("agent", "workers"),
         AlertKind.NO_WORKERS: ("workers", "agent"),
+        AlertKind.WORKFLOW_ESCALATED: ("workflow",),
     }[kind]
     return {name: base + pages[name] for name in wanted}
 
@@ -169,14 +189,31 @@ class _Figures:
         self._ages: dict[str, float | None] | None = None
         self._served: set[str] | None = None
 
-    def readings(self, rule: AlertRule, known: set[str]) -> Iterator[Reading]:
+    def readings(self, rule: AlertRule, known: set[tuple[str, UUID | None]]) -> Iterator[Reading]:
         """The rule's reading for its agent, or for every agent that is registered,
         has figures, or had a state (so that one that went quiet resolves)."""
+        if rule.kind == AlertKind.WORKFLOW_ESCALATED:
+            yield from self._escalations(rule, known)
+            return
         figures = self._of_kind(rule)
-        agents = [rule.agent] if rule.agent else sorted({*registry.names(), *figures, *known})
+        every = {*registry.names(), *figures, *(agent for agent, _ in known)}
+        agents = [rule.agent] if rule.agent else sorted(every)
         for agent in agents:
             value, holds = figures.get(agent, (0.0, False))
             yield Reading(agent, value, holds)
+
+    def _escalations(
+        self, rule: AlertRule, known: set[tuple[str, UUID | None]]
+    ) -> Iterator[Reading]:
+        """Each escalated workflow holds on its own; one that had a state and is
+        escalated no more (resumed, cancelled) resolves."""
+        agent = rule.agent or ""
+        escalated = escalation_sql.escalated_workflows(rule.agent)
+        for workflow, name, escalation in escalated:
+            yield Reading(agent, 1.0, True, workflow, _escalation_text(name, escalation))
+        gone = {workflow for _, workflow in known} - {workflow for workflow, _, _ in escalated}
+        for workflow in sorted(gone - {None}):
+            yield Reading(agent, 0.0, False, workflow)
 
     def _of_kind(self, rule: AlertRule) -> dict[str, tuple[float, bool]]:
         if rule.kind in (AlertKind.DEAD_LETTER, AlertKind.FAILURE_RATE):
@@ -207,3 +244,12 @@ class _Figures:
         if self._served is None:
             self._served = alerts_sql.served_agents(settings.QUEUE_LEASE_SECONDS)
         return self._served
+
+
+def _escalation_text(name: str, escalation: dict[str, Any]) -> str:
+    if escalation.get("reason") == "failures":
+        failures, threshold = escalation["failures"], escalation["threshold"]
+        why = f"{failures} task(s) dead or failed (threshold {threshold})"
+    else:
+        why = f"still running {escalation.get('seconds')} s after it was created"
+    return f"workflow {name!r} escalated: {why}"

@@ -33,6 +33,7 @@ from .tasks import (
     TaskHistory,
     TaskStatus,
     Workflow,
+    WorkflowEscalationCheck,
     payload_contains,
     payload_text,
 )
@@ -88,6 +89,7 @@ __all__ = [
     "WorkerKind",
     "WorkerState",
     "Workflow",
+    "WorkflowEscalationCheck",
     "dead_letter_payload_contains",
     "dead_letter_tasks",
     "payload_contains",

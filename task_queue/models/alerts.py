@@ -15,6 +15,9 @@ class AlertKind(models.TextChoices):
     FAILURE_RATE = "failure_rate"  # failed or dead ÷ finished in the window
     BACKLOG_AGE = "backlog_age"  # seconds the oldest due pending task has waited
     NO_WORKERS = "no_workers"  # due tasks and no live worker (1: holds)
+    # A workflow escalated (task_queue.escalation), until resumed or cancelled; each
+    # such workflow fires on its own (the state's and notification's workflow_id).
+    WORKFLOW_ESCALATED = "workflow_escalated"
 
 
 class AlertRule(models.Model):
@@ -61,6 +64,8 @@ class AlertState(models.Model):
 
     rule = models.ForeignKey(AlertRule, on_delete=models.CASCADE, related_name="states")
     agent = models.TextField()
+    # workflow_escalated: the workflow (its agent is the rule's, or "" for every agent).
+    workflow_id = models.UUIDField(null=True, blank=True)
     value = models.FloatField(null=True)
     firing_since = models.DateTimeField(null=True)
     notified_at = models.DateTimeField(null=True)
@@ -69,7 +74,11 @@ class AlertState(models.Model):
     class Meta:
         db_table = "alert_states"
         constraints = [
-            models.UniqueConstraint(fields=["rule", "agent"], name="alert_states_rule_agent")
+            models.UniqueConstraint(
+                fields=["rule", "agent", "workflow_id"],
+                name="alert_states_rule_agent_workflow",
+                nulls_distinct=False,
+            )
         ]
 
     def __str__(self) -> str:
@@ -83,6 +92,7 @@ class AlertNotification(models.Model):
 
     rule = models.ForeignKey(AlertRule, on_delete=models.CASCADE, related_name="notifications")
     agent = models.TextField()
+    workflow_id = models.UUIDField(null=True, blank=True)
     state = models.TextField(choices=State.choices)
     value = models.FloatField(null=True)
     threshold = models.FloatField()

@@ -37,6 +37,8 @@ class OperatorAction(models.Model):
         CREATE_ALERT_RULE = "create_alert_rule", "Create alert rule"
         UPDATE_ALERT_RULE = "update_alert_rule", "Change alert rule"
         DELETE_ALERT_RULE = "delete_alert_rule", "Delete alert rule"
+        # An escalated workflow resumed (task_queue.escalation); ``changes`` names it.
+        RESUME_WORKFLOW = "resume_workflow", "Resume escalated workflow"
 
     actor = models.TextField()  # "user:alice", "token:orchestrator"
     action = models.TextField(choices=Kind.choices)

@@ -58,6 +58,16 @@ class Workflow(models.Model):
     open = models.BooleanField(default=False, db_default=False)
     cancelled_at = models.DateTimeField(null=True, blank=True)
     trace_id = models.TextField(null=True, blank=True)
+    # Escalation (spec 001 §9, task_queue.escalation): the workflow escalates once
+    # this many of its tasks are dead or failed, or when still running at
+    # ``escalate_at`` (created + escalate_after_seconds; cleared once looked at).
+    escalate_after_failures = models.PositiveIntegerField(null=True, blank=True)
+    escalate_after_seconds = models.PositiveIntegerField(null=True, blank=True)
+    escalate_at = models.DateTimeField(null=True, blank=True)
+    # Escalated: until an operator resumes it (escalated_at cleared) or cancels it.
+    escalated_at = models.DateTimeField(null=True, blank=True)
+    # Why and when it escalated, and who resumed it: once set, it never escalates again.
+    escalation = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 
@@ -73,6 +83,28 @@ class Workflow(models.Model):
             ),
             # The workflows of a trace (the task page).
             models.Index(fields=["trace_id"], name="workflows_trace_idx"),
+            # The maintenance loop's running-too-long check, and the escalated ones
+            # (the alert rules, the workflows page's filter).
+            models.Index(
+                fields=["escalate_at"],
+                condition=models.Q(escalate_at__isnull=False),
+                name="workflows_escalate_at_idx",
+            ),
+            models.Index(
+                fields=["escalated_at"],
+                condition=models.Q(escalated_at__isnull=False),
+                name="workflows_escalated_idx",
+            ),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(escalate_after_failures__gte=1),
+                name="workflows_escalate_after_failures_positive",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(escalate_after_seconds__gte=1),
+                name="workflows_escalate_after_seconds_positive",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -336,3 +368,17 @@ class DeadLetterTask(Task):
     class Meta:
         proxy = True
         verbose_name = "dead-letter task"
+
+
+class WorkflowEscalationCheck(models.Model):
+    """A workflow with a failure threshold had a task end dead or failed: the
+    maintenance loop counts its failures (task_queue.escalation). Written by the
+    history trigger, inside the failing transaction, without locking the workflow."""
+
+    workflow_id = models.UUIDField()
+
+    class Meta:
+        db_table = "workflow_escalation_checks"
+
+    def __str__(self) -> str:
+        return f"check workflow {self.workflow_id}"

@@ -55,10 +55,21 @@ class Step:
     max_attempts: int | None = None
 
 
+# A definition's own settings beside its steps: its workflows' escalation thresholds
+# (POST /api/v1/workflows, task_queue.escalation), each a positive whole number.
+ESCALATION_KEYS = ("escalate_after_failures", "escalate_after_seconds")
+
+
 @dataclass(frozen=True)
 class Definition:
     name: str
     steps: tuple[Step, ...]
+    escalate_after_failures: int | None = None
+    escalate_after_seconds: int | None = None
+
+    def escalation(self) -> dict[str, int]:
+        """The thresholds it sets, as the API takes them."""
+        return {key: getattr(self, key) for key in ESCALATION_KEYS if getattr(self, key)}
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -67,6 +78,7 @@ class Definition:
                 {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(s).items()}
                 for s in self.steps
             ],
+            **self.escalation(),
         }
 
 
@@ -100,7 +112,13 @@ def parse(data: Any) -> Definition:
         if missing := [d for d in depends_on if d not in earlier]:
             raise DefinitionError(f"step {raw['name']}: depends on {missing}, not listed before it")
         steps.append(Step(**{**raw, "depends_on": depends_on}))
-    return Definition(data["name"], tuple(steps))
+    if unknown := set(data) - {"name", "steps", *ESCALATION_KEYS}:
+        raise DefinitionError(f"{data['name']}: unknown keys {sorted(unknown)}")
+    escalation = {key: data[key] for key in ESCALATION_KEYS if data.get(key) is not None}
+    for key, value in escalation.items():
+        if type(value) is not int or value < 1:
+            raise DefinitionError(f"{data['name']}: {key} must be a positive whole number")
+    return Definition(data["name"], tuple(steps), **escalation)
 
 
 def load_all(*directories: Path) -> dict[str, Definition]:

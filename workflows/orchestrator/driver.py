@@ -6,6 +6,10 @@ idempotency key (``wf:<run id>:<step>`` or ``wf:<run id>:<step>:<item index>``)
 says which step it belongs to. Killed and restarted, it reads the open workflows and
 their tasks and carries on; a task it already created is answered with the
 existing one, never created twice.
+
+An escalated workflow (``task_queue.escalation``) is not driven: it is logged once,
+and driven again once an operator resumes it (its status, or the stream's
+``evt.workflow.resumed.v1``). A cancel stops it for good.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ log = logging.getLogger(__name__)
 
 # The API's largest batch of tasks in one request.
 BATCH = 1000
+# The stream's workflow events (follow.KINDS): driving stops and starts again.
+ESCALATED, RESUMED = "evt.workflow.escalated.v1", "evt.workflow.resumed.v1"
+WORKFLOW_KINDS = (ESCALATED, RESUMED)
 # Tasks whose workflow is remembered, beyond which they are forgotten (and asked for
 # again when their events come).
 MAX_REMEMBERED = 100_000
@@ -123,6 +130,10 @@ class Orchestrator:
         # Following the stream: events and workflows to try again (``on_events``).
         self._unresolved: list[dict[str, Any]] = []
         self._retry: set[str] = set()
+        # Escalated workflows, as last heard (a fresh read or an event), and those of
+        # them already logged as not driven.
+        self._escalated: set[str] = set()
+        self._escalation_logged: set[str] = set()
 
     def start(self, definition: Definition, workflow_input: Any, *, name: str = "") -> str:
         """Create a workflow running ``definition`` with its first steps' tasks."""
@@ -142,6 +153,7 @@ class Orchestrator:
                 }
             },
             "tasks": first.new_tasks[:BATCH],
+            **definition.escalation(),
         }
         try:
             created = self.client.post("/api/v1/workflows", body)
@@ -168,6 +180,7 @@ class Orchestrator:
             if not isinstance(state, dict):
                 continue  # a workflow someone else drives
             seen.add(workflow["id"])
+            self._note_status(workflow)
             created += self._drive_one(workflow, state) or 0
         # Closed or cancelled workflows are no longer driven: forget what was reported.
         self._stuck = {key: steps for key, steps in self._stuck.items() if key in seen}
@@ -182,6 +195,11 @@ class Orchestrator:
         due: dict[str, dict[str, Any] | None] = dict.fromkeys(self._retry)
         self._retry = set()
         for event in events:
+            if event.get("kind") in WORKFLOW_KINDS:
+                workflow_id = str(event["payload"]["workflow_id"])
+                if self._note_event(event["kind"], workflow_id):
+                    due[workflow_id] = None  # resumed: driven again now
+                continue
             try:
                 with task_logging.about_task(_task_of(event)):
                     workflow_id = self._workflow_of(event)
@@ -257,6 +275,7 @@ class Orchestrator:
             state = (workflow.get("metadata") or {}).get("orchestrator")
             self._workflows[workflow_id] = None
             if workflow["open"] and isinstance(state, dict):
+                self._note_status(workflow)
                 self._remember(workflow, ())
         return self._workflows[workflow_id]
 
@@ -267,6 +286,28 @@ class Orchestrator:
             self._trace_workflows[workflow["trace_id"]] = workflow["id"]
         for task_id in task_ids:
             self._task_workflows[str(task_id)] = workflow["id"]
+
+    def _note_status(self, workflow: dict[str, Any]) -> None:
+        """What a fresh read of the workflow says of its escalation."""
+        if workflow.get("status") == "escalated":
+            self._escalated.add(workflow["id"])
+        else:
+            self._resumed(workflow["id"])
+
+    def _note_event(self, kind: str, workflow_id: str) -> bool:
+        """An escalation event; True if it resumed a workflow this held back."""
+        if kind == ESCALATED:
+            self._escalated.add(workflow_id)
+            return False
+        held_back = workflow_id in self._escalated
+        self._resumed(workflow_id)
+        return held_back
+
+    def _resumed(self, workflow_id: str) -> None:
+        if workflow_id in self._escalation_logged:
+            log.info("workflow %s: resumed by an operator; driving it again", workflow_id)
+        self._escalated.discard(workflow_id)
+        self._escalation_logged.discard(workflow_id)
 
     def _forget(self, workflow_id: str) -> None:
         """A workflow no longer driven (closed or cancelled): its events are ignored."""
@@ -279,6 +320,14 @@ class Orchestrator:
         return self.client.get(f"/api/v1/{kind}/{item['id']}")
 
     def drive(self, workflow: dict[str, Any], state: dict[str, Any]) -> int:
+        if workflow["id"] in self._escalated:
+            if workflow["id"] not in self._escalation_logged:
+                log.warning(
+                    "workflow %s escalated: not driven until an operator resumes or cancels it",
+                    workflow["id"],
+                )
+                self._escalation_logged.add(workflow["id"])
+            return 0
         definition = parse(state["definition"])
         tasks = [
             self._whole(task, "tasks", "result")

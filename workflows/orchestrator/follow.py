@@ -18,12 +18,15 @@ from typing import Any
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
+from .driver import WORKFLOW_KINDS
+
 log = logging.getLogger(__name__)
 
 # A step can go on (completed), can never go on (cancelled), is stuck (failed, dead),
-# or is stuck no more (revived).
-KINDS = tuple(
-    f"evt.task.{event}.v1" for event in ("completed", "failed", "dead", "cancelled", "revived")
+# or is stuck no more (revived); a workflow is held back (escalated) or not (resumed).
+KINDS = (
+    *(f"evt.task.{event}.v1" for event in ("completed", "failed", "dead", "cancelled", "revived")),
+    *WORKFLOW_KINDS,
 )
 OPEN_TIMEOUT = 10.0
 # What a failed connect or a dropped stream raises: the caller polls meanwhile.

@@ -5,6 +5,7 @@ sees and changes only the rules of its agents."""
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 from django.db.models import Prefetch, Q
 from django.http import HttpRequest
@@ -36,6 +37,7 @@ def _rule_out(rule: AlertRule) -> dict[str, Any]:
         "firing": [  # the prefetched states: the firing ones
             {
                 "agent": s.agent,
+                "workflow_id": _text(s.workflow_id),
                 "value": s.value,
                 "firing_since": s.firing_since,
                 "notified_at": s.notified_at,
@@ -126,10 +128,15 @@ def list_alerts(request: HttpRequest, query: Query[RecentQuery]):
     firing_states = own(request, AlertState.objects.filter(firing_since__isnull=False), "agent")
     wanted = Q(pk__in=[])
     for state in firing_states:
-        wanted |= Q(rule_id=state.rule_id, agent=state.agent, created_at__gte=state.firing_since)
-    latest: dict[tuple[int, str], AlertNotification] = {}
+        wanted |= Q(
+            rule_id=state.rule_id,
+            agent=state.agent,
+            workflow_id=state.workflow_id,
+            created_at__gte=state.firing_since,
+        )
+    latest: dict[tuple[int, str, UUID | None], AlertNotification] = {}
     for n in notifications.filter(wanted, state="firing").order_by("created_at", "id"):
-        latest[(n.rule_id, n.agent)] = n
+        latest[(n.rule_id, n.agent, n.workflow_id)] = n
     return {
         "firing": [_notification_out(n) for n in latest.values()],
         "recent": [_notification_out(n) for n in notifications[: query.limit]],
@@ -141,6 +148,7 @@ def _notification_out(n: AlertNotification) -> dict[str, Any]:
         "id": n.id,
         "rule": n.rule.name,
         "agent": n.agent,
+        "workflow_id": _text(n.workflow_id),
         "state": n.state,
         "value": n.value,
         "threshold": n.threshold,
@@ -166,3 +174,7 @@ def _notification_out(n: AlertNotification) -> dict[str, Any]:
             for d in n.deliveries.all()
         ],
     }
+
+
+def _text(workflow_id: UUID | None) -> str | None:
+    return str(workflow_id) if workflow_id else None

@@ -1,18 +1,21 @@
-"""``/api/v1/workflows``: create a workflow with its first tasks, follow it, cancel it."""
+"""``/api/v1/workflows``: create a workflow with its first tasks, follow it, resume it
+once escalated, cancel it."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Annotated, Any
 from uuid import UUID
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Exists, Expression, OuterRef, QuerySet
+from django.db.models.functions import Now
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Router, Status
 from pydantic import Field
 
-from task_queue import blobs, operations, tracing
+from task_queue import blobs, escalation, operations, tracing
 from task_queue.models import Task, TaskStatus, Workflow
 from task_queue.storable import storable_json
 from workflows.progress import progress_of, status_of, with_status
@@ -55,6 +58,10 @@ def _out(request: HttpRequest, workflows: list[Workflow]) -> list[dict[str, Any]
             "progress": progress[w.id].counts,
             "total_tasks": progress[w.id].total,
             "cancelled_at": w.cancelled_at,
+            "escalate_after_failures": w.escalate_after_failures,
+            "escalate_after_seconds": w.escalate_after_seconds,
+            "escalated_at": w.escalated_at,
+            "escalation": w.escalation,
             "created_at": w.created_at,
             "updated_at": w.updated_at,
         }
@@ -123,6 +130,7 @@ def _stored_metadata(metadata: dict[str, Any], text: str) -> dict[str, Any]:
         {
             "GetWorkflow": "get_workflow",
             "UpdateWorkflow": "update_workflow",
+            "ResumeWorkflow": "resume_workflow",
             "CancelWorkflow": "cancel_workflow",
         },
     ),
@@ -139,6 +147,9 @@ def create_workflow(request: HttpRequest, body: WorkflowCreate):
             **_stored_metadata(body.metadata, text),
             open=body.open,
             trace_id=body.trace_id or (parent.trace_id if parent else None),
+            escalate_after_failures=body.escalate_after_failures,
+            escalate_after_seconds=body.escalate_after_seconds,
+            escalate_at=_deadline(body.escalate_after_seconds),
         )
         for index, task in enumerate(body.tasks):
             require_agent(request, f"tasks[{index}].agent_name", task.agent_name)
@@ -150,6 +161,12 @@ def create_workflow(request: HttpRequest, body: WorkflowCreate):
         results = operations.enqueue_many(specs, prefix="tasks")
     workflow.refresh_from_db()
     return Status(201, {**_out(request, [workflow])[0], "task_ids": [r.id for r in results]})
+
+
+def _deadline(seconds: int | None) -> Expression | None:
+    """When a workflow created now escalates if still running (by the database's clock,
+    which the maintenance loop compares it with)."""
+    return None if seconds is None else Now() + timedelta(seconds=seconds)
 
 
 @router.get("/workflows", auth=READ, response={200: WorkflowPage, **ERROR_RESPONSES})
@@ -224,3 +241,19 @@ def cancel_workflow(request: HttpRequest, workflow_id: UUID):
         ).values_list("id", flat=True)
         cancelled = operations.cancel(list(waiting), actor=request.auth.actor, source="api")
     return {"cancelled_tasks": len(cancelled), "workflow": _out(request, [workflow])[0]}
+
+
+@router.post(
+    "/workflows/{workflow_id}/resume", auth=WRITE, response={200: WorkflowOut, **ERROR_RESPONSES}
+)
+def resume_workflow(request: HttpRequest, workflow_id: UUID):
+    """Resume an escalated workflow: the orchestrator drives it again, and it never
+    escalates again (its escalation stays recorded, with who resumed it)."""
+    with transaction.atomic():
+        workflow = _changeable(request, workflow_id)
+        if workflow.escalated_at is None or workflow.cancelled_at is not None:
+            status = status_of(workflow, progress_of([workflow.id])[workflow.id])
+            raise ApiError.wrong_status("workflow", status, "resume it: it is not escalated")
+        escalation.resume(workflow.id, actor=request.auth.actor, source="api")
+    workflow.refresh_from_db()
+    return _out(request, [workflow])[0]

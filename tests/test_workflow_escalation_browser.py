@@ -1,0 +1,69 @@
+"""An escalated workflow in a real browser: the workflows list and the workflow page
+show it, and an operator with ``workflows.change_workflow`` resumes it there (one
+without it sees no button and is refused)."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Permission, User
+
+from task_queue import escalation, operations
+from task_queue.models import OperatorAction
+from task_queue.models import Workflow as QueueWorkflow
+from tests.support.browser import needs_chromium
+from tests.support.queue import fail_pending
+from tests.test_dashboard_browser import db, live, log_in, shot, users  # noqa: F401 - fixture
+
+pytestmark = [pytest.mark.slow, needs_chromium]
+
+
+def escalated_workflow() -> QueueWorkflow:
+    workflow = QueueWorkflow.objects.create(name="supplier onboarding", escalate_after_failures=1)
+    operations.enqueue("EchoAgent", "echo", {}, workflow_id=workflow.id)
+    fail_pending("EchoAgent", retryable=False)
+    assert escalation.escalate_due() == [workflow.id]
+    return workflow
+
+
+def test_an_escalated_workflow_is_shown_and_resumed(
+    users,  # noqa: F811 - the fixture
+    live_servers,
+    browser,
+):
+    db(
+        lambda: User.objects.get(username="operator").user_permissions.add(
+            Permission.objects.get(content_type__app_label="workflows", codename="change_workflow")
+        )
+    )
+    workflow = db(escalated_workflow)
+    server = live_servers()
+
+    page = log_in(browser, server, "operator", "/workflows/")
+    assert page.inner_text(".wf-escalated") == "escalated"
+    shot(page, "workflows-escalated")
+
+    page.goto(f"{server.url}/workflows/{workflow.id}/")
+    live(page)
+    assert "1 task(s) dead or failed (threshold 1)" in page.inner_text("p.escalated")
+    shot(page, "workflow-escalated")
+    page.click("button:has-text('Resume the workflow')")
+    page.wait_for_selector("#workflow-live .wf-needs_attention", timeout=10_000)
+    assert "resumed by user:operator" in page.inner_text("#workflow-live")
+    assert page.query_selector("button:has-text('Resume the workflow')") is None
+    shot(page, "workflow-resumed")
+    action = db(lambda: OperatorAction.objects.get(action=OperatorAction.Kind.RESUME_WORKFLOW))
+    assert (action.actor, action.source) == ("user:operator", "dashboard")
+
+
+def test_resuming_needs_the_permission(users, live_servers, browser):  # noqa: F811
+    workflow = db(escalated_workflow)
+    server = live_servers()
+    page = log_in(browser, server, "viewer", f"/workflows/{workflow.id}/")
+    assert page.query_selector("button:has-text('Resume the workflow')") is None
+    status = page.evaluate(
+        """async (url) => (await fetch(url, {method: "POST", headers: {"X-CSRFToken":
+               document.cookie.match(/csrftoken=([^;]+)/)[1]}})).status""",
+        f"/workflows/{workflow.id}/resume/",
+    )
+    assert status == 403
+    assert db(lambda: QueueWorkflow.objects.get(id=workflow.id).escalated_at) is not None
