@@ -204,6 +204,11 @@ QUEUE_SCHEDULES = {
         "missed": "run_once",
     },
 }
+# Alert rules declared here (task_queue.alerts.declared), by name: synced when a
+# maintenance loop starts, changed or removed only here. Each entry as the API takes
+# one (docs/api.md, alert rules): "kind", "threshold"; optional "agent",
+# "window_seconds", "min_count", "repeat_seconds", "channels", "enabled".
+QUEUE_ALERT_RULES: dict[str, dict] = {}
 # A schedule's slot older than this when a maintenance pass sees it counts as missed
 # (a "skip" schedule does not fire it).
 QUEUE_SCHEDULE_GRACE_SECONDS = float(os.environ.get("QUEUE_SCHEDULE_GRACE_SECONDS", 60))

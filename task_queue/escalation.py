@@ -1,10 +1,11 @@
 """Workflow escalation (spec 001 §9): a workflow created with
 ``escalate_after_failures`` escalates once that many of its tasks are dead or failed,
-and one with ``escalate_after_seconds`` when it is still running that long after its
-creation. An escalated workflow shows as ``escalated`` (``workflows.progress``), emits
+and one with ``escalate_after_seconds`` when it is not completed (nor cancelled) that
+long after its creation: running, waiting on a dead task, or with no task yet. An
+escalated workflow shows as ``escalated`` (``workflows.progress``), emits
 ``evt.workflow.escalated.v1`` on the event stream, fires the ``workflow_escalated``
-alert rules, and the reference orchestrator stops driving it until an operator resumes
-it (``resume``) or cancels it.
+alert rules, is kept by retention, and the reference orchestrator stops driving it
+until an operator resumes it (``resume``) or cancels it.
 
 A workflow escalates at most once: after a resume the thresholds no longer apply
 (the operator has looked at it). The maintenance loop escalates (``escalate_due``),
@@ -21,7 +22,8 @@ from task_queue import audit
 from task_queue.models import OperatorAction
 from task_queue.sql import escalation as escalation_sql
 
-# Workflows looked at per pass, for each reason (the rest wait for the next pass).
+# Check rows (each a failure) and past deadlines taken per pass; the rest wait for the
+# next pass.
 BATCH = 500
 
 

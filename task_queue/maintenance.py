@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 
 logger = logging.getLogger(__name__)
@@ -62,8 +63,9 @@ class Schedule:
     def run_due_jobs(self) -> list[str]:
         """One pass: every due job, by order; the lines they reported. A job that fails
         is due again at the next pass. A database error ends the pass (the loop
-        reconnects; the jobs after it wait for the next pass); any other error is
-        logged and the pass goes on, so one job's bug never stops the others."""
+        reconnects; the jobs after it wait for the next pass); a bad declaration in
+        settings (``ImproperlyConfigured``) ends the loop; any other error is logged
+        and the pass goes on, so one job's bug never stops the others."""
         said = []
         for job in registered():
             now = time.monotonic()
@@ -71,7 +73,7 @@ class Schedule:
                 continue
             try:
                 line = job.run()
-            except DatabaseError:
+            except (DatabaseError, ImproperlyConfigured):
                 raise
             except Exception:
                 logger.exception("maintenance job %r failed; it runs again next pass", job.name)

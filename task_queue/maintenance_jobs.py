@@ -12,7 +12,8 @@
   (``task_queue.blob_collection``);
 - at every pass, the recurring schedules' due slots (``task_queue.schedule_firing``),
   after the rollups (the daily report's guard reads them);
-- every ``QUEUE_ALERTS_EVALUATE_SECONDS``, the alert rules, and at every pass their
+- every ``QUEUE_ALERTS_EVALUATE_SECONDS``, the alert rules (those declared in
+  settings synced first), and at every pass their
   notifications' deliveries (``task_queue.alerts``);
 - once a minute, the task counters and Prometheus's counters of backends that ended
   folded into shard 0 (``task_queue.sql.counts``), so the counters stay a few rows
@@ -68,6 +69,20 @@ def sequence_and_prune() -> None:
     retention.prune()
 
 
+class EvaluateAlerts:
+    """The alert rules declared in settings synced at the loop's first pass, then
+    every rule evaluated."""
+
+    def __init__(self) -> None:
+        self.synced = False
+
+    def __call__(self) -> str | None:
+        if not self.synced:
+            alerts.declared.sync_declared()
+            self.synced = True
+        return evaluate_alerts()
+
+
 def evaluate_alerts() -> str | None:
     made = alerts.evaluation.evaluate()
     if made is None:
@@ -102,7 +117,7 @@ def register() -> None:
     maintenance.register("schedules", schedule_firing.FiringJob(), order=maintenance.REPORTS)
     maintenance.register(
         "alert rules",
-        evaluate_alerts,
+        EvaluateAlerts(),
         every_seconds=settings.QUEUE_ALERTS_EVALUATE_SECONDS,
         order=maintenance.REPORTS,
     )

@@ -149,11 +149,12 @@ def _lock_workflows(specs: Sequence[TaskSpec]) -> dict[str, datetime | None]:
 
     Locked until the tasks are inserted, so a concurrent workflow cancel (which locks
     the row too) either comes first and is seen here, or waits for these tasks and
-    cancels them with the others."""
+    cancels them with the others. In id order, as the maintenance loop's escalation
+    locks them, so the two never deadlock."""
     wanted = {str(spec.workflow_id) for spec in specs if spec.workflow_id}
     if not wanted:
         return {}
-    workflows = Workflow.objects.filter(id__in=wanted).select_for_update(no_key=True)
+    workflows = Workflow.objects.filter(id__in=wanted).order_by("id").select_for_update(no_key=True)
     return {
         str(key): cancelled_at for key, cancelled_at in workflows.values_list("id", "cancelled_at")
     }

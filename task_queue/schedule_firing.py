@@ -88,11 +88,19 @@ def _fire(schedule_id: int, clock: datetime) -> bool:
                 fired, error = False, str(refused)
             else:
                 schedules.record_run(schedule, slot, task[0].id, manual=False)
+        # A missed slot (skipped, or fired late) is recorded for the schedule_missed
+        # alert rules: how late the earliest due slot was when a pass found it.
+        late = {} if on_time else {"late_at": clock, "late_by_seconds": _late_by(schedule, clock)}
         Schedule.objects.filter(id=schedule.id).update(
             next_run_at=schedules.next_slot(schedule, clock),
             **({"last_error": error} if error else {}),
+            **late,
         )
         return fired
+
+
+def _late_by(schedule: Schedule, clock: datetime) -> float:
+    return (clock - schedule.next_run_at).total_seconds()
 
 
 def sync_declared(*, now: datetime | None = None) -> None:

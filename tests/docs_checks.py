@@ -271,7 +271,7 @@ class EnqueueBench(Check):
 
 class AlertBench(Check):
     def verify(self, opts: dict[str, Any], state: None, run: Run) -> None:
-        assert run.output.startswith(f"{opts['runs']} evaluations of 4 rules over about ")
+        assert run.output.startswith(f"{opts['runs']} evaluations of 7 rules over ")
         assert not AlertRule.objects.filter(name__startswith="alert_bench:").exists()
 
 

@@ -13,8 +13,9 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 
-from task_queue import operations
+from task_queue import operations, reaper, schedule_firing
 from task_queue.alerts import channels, delivery, evaluation, rules
 from task_queue.models import (
     AlertDelivery,
@@ -23,8 +24,9 @@ from task_queue.models import (
     DeliveryStatus,
 )
 from task_queue.sql import db
-from tests.support.queue import complete_pending, fail_pending, make_failed
+from tests.support.queue import claim_and_start, complete_pending, fail_pending, make_failed
 from tests.support.receiver import webhook_receiver
+from tests.test_schedules import make as make_schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -124,6 +126,41 @@ def test_backlog_age_and_no_workers_read_the_due_tasks():
     assert sorted(n.state for n in evaluation.evaluate()) == ["resolved", "resolved"]
 
 
+def test_lease_expirations_count_the_leases_reaped_in_the_window():
+    rule(AlertKind.LEASE_EXPIRATIONS, 2, window_seconds=300)
+    for _ in range(2):
+        operations.enqueue("EchoAgent", "echo", {})
+    claim_and_start("EchoAgent")  # held for 30 s by a worker that then stops
+    reaper.reap_expired_leases(now=db.database_clock() + timedelta(seconds=31))
+    [firing] = evaluation.evaluate()
+    assert (firing.agent, firing.state, firing.value) == ("EchoAgent", "firing", 2)
+    assert "2 lease(s) expired in 300 s" in firing.body["summary"]
+    assert set(firing.body["links"]) == {"workers", "agent"}
+    with connection.cursor() as cursor:  # the window moves past them
+        cursor.execute("UPDATE task_history SET occurred_at = now() - interval '301 seconds'")
+    assert states(evaluation.evaluate()) == [("EchoAgent", "resolved")]
+
+
+def test_schedule_missed_reads_how_late_a_slot_was_skipped_or_fired():
+    rule(AlertKind.SCHEDULE_MISSED, 120, window_seconds=600)
+    schedule = make_schedule(interval_seconds=60, missed="skip")
+    on_time = schedule.next_run_at + timedelta(seconds=1)
+    assert schedule_firing.fire_due(now=on_time) == 1
+    schedule.refresh_from_db()
+    assert (schedule.late_at, schedule.late_by_seconds) == (None, None)  # on time
+    assert evaluation.evaluate() == []
+
+    skipped = schedule.next_run_at
+    schedule_firing.fire_due(now=skipped + timedelta(minutes=5, seconds=30))
+    [firing] = evaluation.evaluate()
+    assert (firing.agent, firing.state, firing.value) == ("EchoAgent", "firing", 330)
+    assert "skipped or fired 330 s late" in firing.body["summary"]
+    assert firing.body["links"] == {"schedules": "/schedules/"}
+    with connection.cursor() as cursor:  # the window moves past it
+        cursor.execute("UPDATE schedules SET late_at = now() - interval '601 seconds'")
+    assert states(evaluation.evaluate()) == [("EchoAgent", "resolved")]
+
+
 def test_a_notification_is_posted_signed_to_the_webhook():
     with webhook_receiver() as receiver:
         hook = {"type": "webhook", "url": receiver.url, "secret": SECRET}
@@ -199,6 +236,14 @@ def test_slack_gets_its_format_and_email_goes_through_djangos_backend(mailoutbox
     assert [d.status for d in AlertDelivery.objects.all()] == ["sent", "sent"]
 
 
+def test_slack_text_is_escaped_so_a_name_cannot_ping_or_link():
+    message = channels._slack(
+        {"state": "firing", "summary": "workflow '<!channel> <https://x|go>' & co", "links": {}}
+    )
+    assert message["text"].endswith("workflow '&lt;!channel&gt; &lt;https://x|go&gt;' &amp; co")
+    assert "<!channel>" not in json.dumps(message)
+
+
 @pytest.mark.parametrize(
     ("channels_", "field"),
     [
@@ -233,5 +278,5 @@ def test_a_channel_is_shown_without_its_secret_or_path():
 def test_alert_bench_times_evaluations_and_leaves_no_rule(capsys):
     call_command("alert_bench", "--runs", "3")
     said = capsys.readouterr().out
-    assert said.startswith("3 evaluations of 4 rules over about ") and " median " in said
+    assert said.startswith("3 evaluations of 7 rules over ") and " median " in said
     assert not AlertRule.objects.exists()

@@ -58,6 +58,7 @@ REQUIRED_SCOPE = {
     ("GET", "api/v1/workflows/<workflow_id>"): "read",
     ("PATCH", "api/v1/workflows/<workflow_id>"): "write",
     ("POST", "api/v1/workflows/<workflow_id>/cancel"): "write",
+    ("POST", "api/v1/workflows/<workflow_id>/resume"): "write",
     ("POST", "api/v1/schedules"): "write",
     ("GET", "api/v1/schedules"): "read",
     ("PATCH", "api/v1/schedules/<schedule_id>"): "write",

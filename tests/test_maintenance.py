@@ -16,6 +16,7 @@ def test_the_registered_jobs_run_leases_first_then_retention_then_blob_collectio
         "reaper",
         "message leases",
         "delivery leases",
+        "workflow escalation",  # after the reaper, whose dead tasks count
         "metric rollups",
         "schedules",  # after the rollups, which the daily report's guard reads
         "alert rules",

@@ -4,18 +4,22 @@ escalated, emits its envelope once, and holds until resumed or cancelled."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.db import connection
 
-from task_queue import escalation, operations
+from task_queue import escalation, operations, retention
 from task_queue.alerts import evaluation
 from task_queue.models import (
     AlertKind,
     AlertRule,
+    AlertState,
     OperatorAction,
     OutboxEvent,
     WorkflowEscalationCheck,
 )
+from task_queue.sql import db
 from tests.support.api import ECHO, Api, field_names, token
 from tests.support.queue import complete_pending, fail_pending
 from tests.test_api_workflows import workflow as create
@@ -112,6 +116,8 @@ def test_a_cancelled_workflow_does_not_escalate(api):
         {"escalate_after_failures": 0},
         {"escalate_after_failures": 10**12},
         {"escalate_after_failures": "two"},
+        {"escalate_after_failures": "2"},
+        {"escalate_after_failures": True},
         {"escalate_after_seconds": -1},
         {"escalate_after_seconds": 10**10},
         {"escalate_after_seconds": 1.5},
@@ -146,5 +152,21 @@ def test_the_workflow_escalated_rules_fire_per_workflow_and_resolve_on_resume(ap
     api.post(f"/api/v1/workflows/{first['id']}/resume")
     [resolved] = evaluation.evaluate()
     assert (str(resolved.workflow_id), resolved.state) == (first["id"], "resolved")
+    # A workflow escalates once: its state goes once resolved (they never pile up).
+    assert [str(s.workflow_id) for s in AlertState.objects.all()] == [second["id"]]
     firing = Api(token("read")).get("/api/v1/alerts").json()["firing"]
     assert [n["workflow_id"] for n in firing] == [second["id"]]
+
+
+def test_retention_keeps_an_escalated_workflow_until_it_is_resumed(api):
+    workflow = create(api, escalate_after_seconds=1, tasks=[ECHO])
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE workflows SET escalate_at = now() - interval '1 second'")
+    escalation.escalate_due()
+    complete_pending("EchoAgent")  # its task completes late: it stays escalated
+    later = db.database_clock() + timedelta(days=30)
+    retention.prune(now=later)
+    assert shown(api, workflow["id"])["status"] == "escalated"
+    api.post(f"/api/v1/workflows/{workflow['id']}/resume")
+    retention.prune(now=later)
+    assert api.get(f"/api/v1/workflows/{workflow['id']}").status_code == 404

@@ -13,7 +13,15 @@ from pydantic import StrictInt as Int
 
 from .schemas import StrictSchema, Text
 
-Kind = Literal["dead_letter", "failure_rate", "backlog_age", "no_workers", "workflow_escalated"]
+Kind = Literal[
+    "dead_letter",
+    "failure_rate",
+    "backlog_age",
+    "no_workers",
+    "lease_expirations",
+    "schedule_missed",
+    "workflow_escalated",
+]
 
 EXAMPLE_RULE = {
     "name": "fitment dead letter",

@@ -303,12 +303,13 @@ class WorkflowCreate(StrictSchema):
     )
     trace_id: Text | None = None
     tasks: Annotated[list[NewTask], Field(max_length=1000)] = []
-    escalate_after_failures: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+    escalate_after_failures: Annotated[Int, Field(ge=1, le=1_000_000)] | None = Field(
         None,
         description="Escalate the workflow once this many of its tasks are dead or failed.",
     )
-    escalate_after_seconds: Annotated[int, Field(ge=1, le=MAX_ESCALATE_SECONDS)] | None = Field(
-        None, description="Escalate the workflow if it is still running this long after now."
+    escalate_after_seconds: Annotated[Int, Field(ge=1, le=MAX_ESCALATE_SECONDS)] | None = Field(
+        None,
+        description="Escalate the workflow if it is not completed this long after now.",
     )
 
 

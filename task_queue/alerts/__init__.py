@@ -8,9 +8,11 @@ maintenance loop, each telling its channels once when it starts to hold, again e
   change is notified once;
 - ``delivery``: sends each notification to each channel outside that transaction,
   retried with backoff, every attempt recorded;
-- ``channels``: the webhook (signed), Slack and email.
+- ``channels``: the webhook (signed), Slack and email;
+- ``rules``: writing rules (the API), audited; ``declared``: those of settings
+  (``QUEUE_ALERT_RULES``), synced when a maintenance loop starts.
 """
 
-from . import delivery, evaluation
+from . import declared, delivery, evaluation
 
-__all__ = ["delivery", "evaluation"]
+__all__ = ["declared", "delivery", "evaluation"]

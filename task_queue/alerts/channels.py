@@ -120,7 +120,8 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
 def send(channel: dict[str, Any], body: dict[str, Any], delivery_id: int) -> Sent:
     """Send ``body`` to ``channel`` once, within ``TIMEOUT_SECONDS``."""
     if channel["type"] == "email":
-        subject = f"[AutoMechanica] {body['state']}: {body['rule']} ({body['agent']})"
+        about = body.get("workflow") or body["agent"] or "every agent"
+        subject = f"[AutoMechanica] {body['state']}: {body['rule']} ({about})"
         text = f"{body['summary']}\n\n{json.dumps(body['links'], indent=2)}\n"
         try:
             send_mail(subject, text, None, channel["to"])
@@ -145,16 +146,23 @@ def send(channel: dict[str, Any], body: dict[str, Any], delivery_id: int) -> Sen
 
 
 def _slack(body: dict[str, Any]) -> dict[str, Any]:
-    """Slack's incoming-webhook format: ``text`` (notifications) and a block."""
+    """Slack's incoming-webhook format: ``text`` (notifications) and a block. The
+    summary is escaped as Slack asks (a workflow's name, which any writer of the API
+    chooses, must not ping a channel or show a link of its own)."""
     links = " · ".join(f"<{url}|{name.replace('_', ' ')}>" for name, url in body["links"].items())
     icon = ":red_circle:" if body["state"] == "firing" else ":large_green_circle:"
+    summary = _slack_escaped(body["summary"])
     return {
-        "text": f"{icon} {body['summary']}",
+        "text": f"{icon} {summary}",
         "blocks": [
-            {"type": "section", "text": {"type": "mrkdwn", "text": f"{icon} {body['summary']}"}},
+            {"type": "section", "text": {"type": "mrkdwn", "text": f"{icon} {summary}"}},
             {"type": "context", "elements": [{"type": "mrkdwn", "text": links or " "}]},
         ],
     }
+
+
+def _slack_escaped(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):

@@ -99,7 +99,10 @@ def _step(
         return None  # nothing changed: no write
     state.value = reading.value
     state.evaluated_at = clock
-    state.save()
+    if notify == AlertNotification.State.RESOLVED and reading.workflow is not None:
+        state.delete()  # a workflow escalates once: its state is done with
+    else:
+        state.save()
     if notify is None:
         return None
     return _notify(rule, reading, notify, started_at)
@@ -145,6 +148,13 @@ DESCRIBED: dict[str, Callable[[AlertRule, Reading], str]] = {
     ),
     AlertKind.BACKLOG_AGE: lambda rule, reading: f"a due task has waited {reading.value:.0f} s",
     AlertKind.NO_WORKERS: lambda rule, reading: "tasks are due and no worker serves the agent",
+    AlertKind.LEASE_EXPIRATIONS: lambda rule, reading: (
+        f"{reading.value:g} lease(s) expired in {rule.window_seconds} s: workers stopped "
+        "heartbeating mid-task"
+    ),
+    AlertKind.SCHEDULE_MISSED: lambda rule, reading: (
+        f"a schedule's slot was skipped or fired {reading.value:.0f} s late"
+    ),
     AlertKind.WORKFLOW_ESCALATED: lambda rule, reading: (
         reading.about or f"workflow {reading.workflow} is escalated no more"
     ),
@@ -170,12 +180,15 @@ def links(kind: str, agent: str, workflow: UUID | None = None) -> dict[str, str]
         "agent": "/",
         "workers": "/workers/",
         "workflow": f"/workflows/{workflow}/",
+        "schedules": "/schedules/",
     }
     wanted = {
         AlertKind.DEAD_LETTER: ("dead_letter", "agent"),
         AlertKind.FAILURE_RATE: ("dead_letter", "agent"),
         AlertKind.BACKLOG_AGE: ("agent", "workers"),
         AlertKind.NO_WORKERS: ("workers", "agent"),
+        AlertKind.LEASE_EXPIRATIONS: ("workers", "agent"),
+        AlertKind.SCHEDULE_MISSED: ("schedules",),
         AlertKind.WORKFLOW_ESCALATED: ("workflow",),
     }[kind]
     return {name: base + pages[name] for name in wanted}
@@ -229,6 +242,12 @@ class _Figures:
                 if done + bad > 0
                 for rate in [bad / (done + bad)]
             }
+        if rule.kind == AlertKind.LEASE_EXPIRATIONS:
+            expired = alerts_sql.leases_expired_in_window(rule.window_seconds)
+            return {a: (n, n >= rule.threshold) for a, n in expired.items()}
+        if rule.kind == AlertKind.SCHEDULE_MISSED:
+            late = alerts_sql.schedules_late_in_window(rule.window_seconds)
+            return {a: (s, s >= rule.threshold) for a, s in late.items()}
         ages = self._ages_by_agent()
         if rule.kind == AlertKind.BACKLOG_AGE:
             return {a: (age, age >= rule.threshold) for a, age in ages.items() if age is not None}
@@ -251,5 +270,5 @@ def _escalation_text(name: str, escalation: dict[str, Any]) -> str:
         failures, threshold = escalation["failures"], escalation["threshold"]
         why = f"{failures} task(s) dead or failed (threshold {threshold})"
     else:
-        why = f"still running {escalation.get('seconds')} s after it was created"
+        why = f"not completed {escalation.get('seconds')} s after it was created"
     return f"workflow {name!r} escalated: {why}"

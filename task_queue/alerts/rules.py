@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import transaction
 
 from task_queue import audit, registry
-from task_queue.models import AlertKind, AlertRule, AlertState, OperatorAction
+from task_queue.models import AlertKind, AlertRule, AlertState, OperatorAction, Schedule
 from task_queue.sql import db
 from task_queue.storable import text_problem
 from task_queue.unique_names import save_named
@@ -43,6 +43,13 @@ class InvalidRule(ValueError):
         self.message = message
 
 
+class DeclaredInSettings(ValueError):
+    """A rule declared in settings (``QUEUE_ALERT_RULES``) is changed there only."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"alert rule {name!r} is declared in settings (QUEUE_ALERT_RULES)")
+
+
 def _integer(values: dict[str, Any], field: str, low: int, high: int) -> None:
     value = values[field]
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -67,8 +74,8 @@ def validated(values: dict[str, Any], *, new_agent: bool = True) -> dict[str, An
     threshold = values.get("threshold")
     if isinstance(threshold, bool) or not isinstance(threshold, int | float):
         raise InvalidRule("threshold", "must be a number")
-    # A dead letter of 0 tasks would fire for every agent that finished anything.
-    low = 1 if values["kind"] == AlertKind.DEAD_LETTER else 0
+    # A count of 0 would fire for every agent that finished anything.
+    low = 1 if values["kind"] in (AlertKind.DEAD_LETTER, AlertKind.LEASE_EXPIRATIONS) else 0
     high = 1 if values["kind"] == AlertKind.FAILURE_RATE else 1e12
     if not math.isfinite(threshold) or not low <= threshold <= high:
         raise InvalidRule("threshold", f"must be from {low} to {high:g}")
@@ -111,21 +118,16 @@ def create(values: dict[str, Any], *, actor: str, source: str) -> AlertRule:
 
 
 def update(rule_id: int, changes: dict[str, Any], *, actor: str, source: str) -> AlertRule:
-    """Change a rule. Disabled, or watching another kind or agent, it starts afresh:
-    its states are dropped, with no resolve sent (it no longer watches what fired).
-    Otherwise the next evaluation reads its states by the new definition."""
+    """Change a rule (``redefine`` says what becomes of its states); one declared in
+    settings is changed there (:class:`DeclaredInSettings`)."""
     with transaction.atomic():
-        rule = AlertRule.objects.select_for_update().get(pk=rule_id)
+        rule = _changeable(rule_id)
         before = described(rule)
         new_agent = changes.get("agent", rule.agent) != rule.agent
         values = validated(
             {**{f: getattr(rule, f) for f in FIELDS}, **changes}, new_agent=new_agent
         )
-        if not values["enabled"] or new_agent or values["kind"] != rule.kind:
-            AlertState.objects.filter(rule=rule).delete()
-        for field, value in values.items():
-            setattr(rule, field, value)
-        rule.updated_at = db.database_clock()
+        redefine(rule, values)
         _save(rule)
         after = described(rule)
         diff = {f: {"from": before[f], "to": after[f]} for f in FIELDS if before[f] != after[f]}
@@ -135,11 +137,28 @@ def update(rule_id: int, changes: dict[str, Any], *, actor: str, source: str) ->
 
 
 def delete(rule_id: int, *, actor: str, source: str) -> None:
-    """Remove a rule with its states and notifications."""
+    """Remove a rule with its states and notifications (not one declared in settings)."""
     with transaction.atomic():
-        rule = AlertRule.objects.select_for_update().get(pk=rule_id)
+        rule = _changeable(rule_id)
         _audit(rule, OperatorAction.Kind.DELETE_ALERT_RULE, actor, source, described(rule))
         rule.delete()
+
+
+def redefine(rule: AlertRule, values: dict[str, Any]) -> None:
+    """Give a saved rule these (validated) values. Disabled, or watching another kind
+    or agent, it starts afresh: its states are dropped, with no resolve sent."""
+    if not values["enabled"] or values["agent"] != rule.agent or values["kind"] != rule.kind:
+        AlertState.objects.filter(rule=rule).delete()
+    for field, value in values.items():
+        setattr(rule, field, value)
+    rule.updated_at = db.database_clock()
+
+
+def _changeable(rule_id: int) -> AlertRule:
+    rule = AlertRule.objects.select_for_update().get(pk=rule_id)
+    if rule.source == Schedule.Source.CODE:
+        raise DeclaredInSettings(rule.name)
+    return rule
 
 
 def _audit(rule: AlertRule, action: str, actor: str, source: str, changes: dict) -> None:

@@ -15,6 +15,8 @@ class AlertKind(models.TextChoices):
     FAILURE_RATE = "failure_rate"  # failed or dead ÷ finished in the window
     BACKLOG_AGE = "backlog_age"  # seconds the oldest due pending task has waited
     NO_WORKERS = "no_workers"  # due tasks and no live worker (1: holds)
+    LEASE_EXPIRATIONS = "lease_expirations"  # leases the reaper took back in the window
+    SCHEDULE_MISSED = "schedule_missed"  # seconds a slot was late (or skipped) in the window
     # A workflow escalated (task_queue.escalation), until resumed or cancelled; each
     # such workflow fires on its own (the state's and notification's workflow_id).
     WORKFLOW_ESCALATED = "workflow_escalated"

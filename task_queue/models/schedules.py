@@ -43,6 +43,10 @@ class Schedule(models.Model):
     last_task_id = models.UUIDField(null=True, blank=True)
     # Why the last slot made no task (an agent no longer registered, say), or "".
     last_error = models.TextField(default="", blank=True)
+    # The last slot skipped, or fired past QUEUE_SCHEDULE_GRACE_SECONDS: when a
+    # maintenance pass found it, and how late it then was (the schedule_missed alerts).
+    late_at = models.DateTimeField(null=True, blank=True)
+    late_by_seconds = models.FloatField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 

@@ -59,8 +59,9 @@ class Workflow(models.Model):
     cancelled_at = models.DateTimeField(null=True, blank=True)
     trace_id = models.TextField(null=True, blank=True)
     # Escalation (spec 001 §9, task_queue.escalation): the workflow escalates once
-    # this many of its tasks are dead or failed, or when still running at
-    # ``escalate_at`` (created + escalate_after_seconds; cleared once looked at).
+    # this many of its tasks are dead or failed, or when not completed at
+    # ``escalate_at`` (created + escalate_after_seconds, set by whoever creates it: the
+    # API; cleared once looked at).
     escalate_after_failures = models.PositiveIntegerField(null=True, blank=True)
     escalate_after_seconds = models.PositiveIntegerField(null=True, blank=True)
     escalate_at = models.DateTimeField(null=True, blank=True)
@@ -83,8 +84,8 @@ class Workflow(models.Model):
             ),
             # The workflows of a trace (the task page).
             models.Index(fields=["trace_id"], name="workflows_trace_idx"),
-            # The maintenance loop's running-too-long check, and the escalated ones
-            # (the alert rules, the workflows page's filter).
+            # The maintenance loop's deadline check, and the escalated ones (the
+            # workflow_escalated alert rules, GET /api/v1/workflows?status=escalated).
             models.Index(
                 fields=["escalate_at"],
                 condition=models.Q(escalate_at__isnull=False),
@@ -356,7 +357,16 @@ class TaskHistory(models.Model):
         verbose_name_plural = "task history"
         # The metric rollups read a time range. (Not BRIN: retention frees old pages,
         # new rows land in them, and BRIN ranges then span everything.)
-        indexes = [models.Index(fields=["occurred_at"], name="task_history_occurred_idx")]
+        indexes = [
+            models.Index(fields=["occurred_at"], name="task_history_occurred_idx"),
+            # The lease_expirations alert rules read the expirations of a window: as
+            # many rows as expired, however busy the history is.
+            models.Index(
+                fields=["occurred_at"],
+                condition=models.Q(event="lease_expired"),
+                name="task_history_lease_expired_idx",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.task_id} {self.event} (attempt {self.attempt})"

@@ -35,6 +35,37 @@ def finished_in_window(window_seconds: int) -> dict[str, tuple[int, int]]:
     }
 
 
+# Per agent, the leases the reaper took back in the last %(window)s seconds (its
+# history rows, through their own index: as many as expired).
+LEASES_EXPIRED_IN_WINDOW = """
+SELECT t.agent_name, count(*)
+FROM task_history h
+JOIN tasks t ON t.id = h.task_id
+WHERE h.event = 'lease_expired'
+  AND h.occurred_at >= now() - make_interval(secs => %(window)s)
+GROUP BY t.agent_name
+"""
+
+
+def leases_expired_in_window(window_seconds: int) -> dict[str, int]:
+    """Agent → leases expired in the last ``window_seconds``."""
+    return dict(fetch(LEASES_EXPIRED_IN_WINDOW, {"window": window_seconds}))
+
+
+# Per agent, the latest missed slot of its schedules found in the last %(window)s
+# seconds: how late it was (skipped, or fired past the grace); schedules are few.
+SCHEDULES_LATE_IN_WINDOW = """
+SELECT agent_name, max(late_by_seconds) FROM schedules
+WHERE late_at >= now() - make_interval(secs => %(window)s)
+GROUP BY agent_name
+"""
+
+
+def schedules_late_in_window(window_seconds: int) -> dict[str, float]:
+    """Agent → seconds its latest missed slot in the last ``window_seconds`` was late."""
+    return dict(fetch(SCHEDULES_LATE_IN_WINDOW, {"window": window_seconds}))
+
+
 # The agents served by a worker, in-process or remote, that heartbeat within a lease.
 SERVED_AGENTS = """
 SELECT DISTINCT unnest(agents) FROM workers

@@ -46,8 +46,9 @@ WHERE f.failures >= c.threshold
 """
 
 # The workflows whose deadline (escalate_at) passed, the deadline cleared, and
-# whether each is still running: not cancelled, not escalated already, and open, or
-# without tasks, or with a task not finished.
+# whether each is to escalate: not cancelled, not escalated already, and not
+# completed (open, or without tasks, or with a task not completed nor cancelled: the
+# rule of workflows.progress.status_of, which this layer cannot import).
 WORKFLOWS_PAST_THEIR_DEADLINE = f"""
 WITH due AS (
     SELECT id FROM workflows

@@ -26,6 +26,9 @@ DELIVERY_RECOVERY = 0x646C7672  # "dlvr"
 # One process at a time: syncing the schedules declared in settings
 # (task_queue.schedule_firing), so two starting maintenance loops make each row once.
 SCHEDULE_SYNC = 0x73636864  # "schd"
+# One process at a time: syncing the alert rules declared in settings
+# (task_queue.alerts.declared).
+ALERT_RULE_SYNC = 0x616C7379  # "alsy"
 # One process at a time: an evaluation of the alert rules (task_queue.alerts), so a
 # rule's state changes, and its notification is made, once.
 ALERTS = 0x616C7274  # "alrt"

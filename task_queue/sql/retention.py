@@ -30,11 +30,13 @@ DELETE FROM tasks t USING doomed WHERE t.id = doomed.id
 
 
 # Closed (or cancelled) workflows created before the cutoff whose every task was
-# completed or cancelled before it: the workflow, its tasks and their history.
+# completed or cancelled before it: the workflow, its tasks and their history. An
+# escalated one stays until an operator resumes or cancels it (task_queue.escalation).
 PRUNE_FINISHED_WORKFLOWS = """
 WITH doomed AS (
     SELECT w.id FROM workflows w
     WHERE (NOT w.open OR w.cancelled_at IS NOT NULL) AND w.created_at < %(cutoff)s
+      AND (w.escalated_at IS NULL OR w.cancelled_at IS NOT NULL)
       AND NOT EXISTS (
           SELECT FROM tasks t
           WHERE t.workflow_id = w.id

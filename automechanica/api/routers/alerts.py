@@ -58,6 +58,10 @@ def _invalid(error: rules.InvalidRule) -> ApiError:
     )
 
 
+def _declared(error: rules.DeclaredInSettings) -> ApiError:
+    return ApiError(409, "declared_in_settings", f"{error}: change or remove it there")
+
+
 def _one(request: HttpRequest, rule_id: int) -> AlertRule:
     rule = _rules(request).filter(pk=rule_id).first()
     if rule is None:
@@ -87,7 +91,8 @@ def list_alert_rules(request: HttpRequest):
 @router.patch("/alert-rules/{rule_id}", auth=ADMIN, response={200: AlertRuleOut, **ERROR_RESPONSES})
 def update_alert_rule(request: HttpRequest, rule_id: int, body: AlertRuleUpdate):
     """Change a rule: ``{"enabled": false}`` stops evaluating it. Fields left out stay;
-    ``channels`` replaces the list (give each secret again)."""
+    ``channels`` replaces the list (give each secret again). One declared in settings
+    (``source`` ``code``) is changed there: 409."""
     changes = body.model_dump(exclude_unset=True)
     nulls = [name for name, value in changes.items() if value is None and name != "agent"]
     if not changes or nulls:
@@ -105,6 +110,8 @@ def update_alert_rule(request: HttpRequest, rule_id: int, body: AlertRuleUpdate)
         rules.update(rule_id, changes, actor=request.auth.actor, source="api")
     except rules.InvalidRule as error:
         raise _invalid(error) from None
+    except rules.DeclaredInSettings as error:
+        raise _declared(error) from None
     return _rule_out(_one(request, rule_id))
 
 
@@ -112,7 +119,10 @@ def update_alert_rule(request: HttpRequest, rule_id: int, body: AlertRuleUpdate)
 def delete_alert_rule(request: HttpRequest, rule_id: int):
     """Remove a rule, with its states and notifications."""
     _one(request, rule_id)
-    rules.delete(rule_id, actor=request.auth.actor, source="api")
+    try:
+        rules.delete(rule_id, actor=request.auth.actor, source="api")
+    except rules.DeclaredInSettings as error:
+        raise _declared(error) from None
     return Status(204, None)
 
 

@@ -24,6 +24,9 @@ THRESHOLDS = {
     AlertKind.FAILURE_RATE: 0.1,
     AlertKind.BACKLOG_AGE: 60,
     AlertKind.NO_WORKERS: 1,
+    AlertKind.LEASE_EXPIRATIONS: 1,
+    AlertKind.SCHEDULE_MISSED: 60,
+    AlertKind.WORKFLOW_ESCALATED: 1,
 }
 ESTIMATED_TASKS = "SELECT reltuples::bigint FROM pg_class WHERE oid = 'tasks'::regclass"
 
@@ -53,8 +56,10 @@ class Command(BaseCommand):
         finally:
             AlertRule.objects.filter(name__startswith=PREFIX).delete()
         ((tasks,),) = db.fetch(ESTIMATED_TASKS, {})
+        # PostgreSQL estimates -1 for a table it has not analysed yet.
+        size = f"about {tasks:,}" if tasks >= 0 else "a number not yet estimated of"
         cut = statistics.quantiles(took, n=20)[-1] if runs > 1 else took[0]
         self.stdout.write(
-            f"{runs} evaluations of {len(THRESHOLDS)} rules over about {tasks:,} tasks: "
+            f"{runs} evaluations of {len(THRESHOLDS)} rules over {size} tasks: "
             f"median {statistics.median(took):.2f} ms, p95 {cut:.2f} ms, max {max(took):.2f} ms"
         )

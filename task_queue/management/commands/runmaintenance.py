@@ -13,7 +13,8 @@ import logging
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections
 
 from task_queue import maintenance
@@ -55,5 +56,7 @@ class Command(BaseCommand):
             except DatabaseError as error:
                 logger.warning("maintenance pass failed (%s); trying again", error)
                 close_old_connections()
+            except ImproperlyConfigured as error:  # a declaration in settings
+                raise CommandError(str(error)) from None
             if options["once"] or stop.wait(options["every"]):
                 return

@@ -1,0 +1,49 @@
+"""Alert rules declared in settings (``QUEUE_ALERT_RULES``), like schedules: synced
+when a maintenance loop starts, marked as declared there (``source`` ``code``), and
+changed or removed only there (the API answers 409).
+
+A declared rule's changes are the deployment's, so they are not in the operators'
+audit log; a rule of the same name made through the API is taken over.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+
+from task_queue.models import AlertRule, Schedule
+from task_queue.sql import locks
+
+from .rules import FIELDS, InvalidRule, redefine, validated
+
+
+def sync_declared() -> None:
+    """New declared rules created, changed ones redefined, removed ones deleted; a bad
+    declaration refuses to start, naming the rule and the field."""
+    declared: dict[str, dict[str, Any]] = settings.QUEUE_ALERT_RULES
+    checked = {}
+    for name, definition in declared.items():
+        try:
+            checked[name] = validated({"name": name, **definition})
+        except InvalidRule as error:
+            raise ImproperlyConfigured(f"QUEUE_ALERT_RULES[{name!r}]: {error}") from None
+    with transaction.atomic():
+        locks.advisory_xact_lock(locks.ALERT_RULE_SYNC)  # one process syncs at a time
+        for name, values in checked.items():
+            rule = AlertRule.objects.select_for_update().filter(name=name).first()
+            if rule is None:
+                AlertRule.objects.create(source=Schedule.Source.CODE, **values)
+                continue
+            if rule.source == Schedule.Source.CODE and all(
+                getattr(rule, field) == values[field] for field in FIELDS
+            ):
+                continue
+            redefine(rule, values)
+            rule.source = Schedule.Source.CODE
+            rule.save()
+        AlertRule.objects.filter(source=Schedule.Source.CODE).exclude(
+            name__in=list(checked)
+        ).delete()
