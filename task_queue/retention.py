@@ -5,7 +5,9 @@
   of them are that old);
 - per-minute heartbeat counts and minute rollups once the wider rollups hold them;
 - event stream envelopes ``QUEUE_RETENTION_DAYS`` after they were emitted, once every
-  relay has relayed them.
+  relay has relayed them;
+- alert notifications (with their deliveries and attempts) ``QUEUE_RETENTION_DAYS``
+  after they were made, once every delivery has ended.
 
 The queue prunes its own tables; apps above it register steps for theirs
 (``register``), which run in the same batches, under the same lock: agents_app's
@@ -26,6 +28,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 
+from task_queue.sql import alerts as alerts_sql
 from task_queue.sql import db, locks, outbox
 from task_queue.sql import retention as retention_sql
 
@@ -48,6 +51,7 @@ class Pruned:
     agent_events: int = 0
     messages: int = 0  # and publications
     stream_events: int = 0
+    alert_notifications: int = 0  # with their deliveries and attempts
 
     def add(self, counts: dict[str, int]) -> None:
         for kind, n in counts.items():
@@ -89,8 +93,14 @@ def _stream_events(clock: datetime, batch: int) -> dict[str, int]:
     return {"stream_events": outbox.prune_stream_events(cutoff=cutoff, batch=batch)}
 
 
+def _alert_notifications(clock: datetime, batch: int) -> dict[str, int]:
+    cutoff = clock - timedelta(days=settings.QUEUE_RETENTION_DAYS)
+    return {"alert_notifications": alerts_sql.prune_notifications(cutoff=cutoff, batch=batch)}
+
+
 register("finished tasks and workflows", _finished_tasks)
 register("stream events", _stream_events)
+register("alert notifications", _alert_notifications)
 
 
 def prune(*, now: datetime | None = None) -> Pruned | None:
@@ -124,8 +134,8 @@ def prune(*, now: datetime | None = None) -> Pruned | None:
     if pruned:
         logger.info(
             "retention: pruned %d task(s), %d workflow(s), %d agent event(s), "
-            "%d message(s) and publication(s), %d stream event(s)",
+            "%d message(s) and publication(s), %d stream event(s), %d alert notification(s)",
             pruned.tasks, pruned.workflows, pruned.agent_events, pruned.messages,
-            pruned.stream_events,
+            pruned.stream_events, pruned.alert_notifications,
         )  # fmt: skip
     return pruned

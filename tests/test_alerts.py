@@ -15,11 +15,12 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from task_queue import operations, reaper, schedule_firing
+from task_queue import operations, reaper, retention, schedule_firing
 from task_queue.alerts import channels, delivery, evaluation, rules
 from task_queue.models import (
     AlertDelivery,
     AlertKind,
+    AlertNotification,
     AlertRule,
     DeliveryStatus,
 )
@@ -234,6 +235,23 @@ def test_slack_gets_its_format_and_email_goes_through_djangos_backend(mailoutbox
     assert mail.subject == "[AutoMechanica] firing: dead_letter rule (EchoAgent)"
     assert notification.body["summary"] in mail.body
     assert [d.status for d in AlertDelivery.objects.all()] == ["sent", "sent"]
+
+
+def test_retention_prunes_old_notifications_whose_deliveries_ended(settings):
+    settings.QUEUE_RETENTION_DAYS = 1
+    with webhook_receiver([500]) as receiver:
+        rule(AlertKind.DEAD_LETTER, 1, [{"type": "webhook", "url": receiver.url}])
+        make_failed([{"n": 1}])
+        [ended] = evaluation.evaluate()
+        delivery.deliver(wait_for_sends=True)  # one failed attempt; it is due again later
+    pending = ended.deliveries.get()
+    assert (pending.status, pending.tries.count()) == ("pending", 1)
+    later = db.database_clock() + timedelta(days=2)
+    retention.prune(now=later)
+    assert AlertNotification.objects.filter(id=ended.id).exists()  # still to deliver
+    AlertDelivery.objects.filter(id=pending.id).update(status=DeliveryStatus.FAILED)
+    assert retention.prune(now=later).alert_notifications == 1
+    assert not AlertNotification.objects.exists() and not AlertDelivery.objects.exists()
 
 
 def test_slack_text_is_escaped_so_a_name_cannot_ping_or_link():

@@ -78,6 +78,8 @@ REQUIRED_SCOPE = {
     ("GET", "api/v1/alert-rules"): "read",
     ("PATCH", "api/v1/alert-rules/<rule_id>"): "admin",
     ("DELETE", "api/v1/alert-rules/<rule_id>"): "admin",
+    ("POST", "api/v1/alert-rules/<rule_id>/silence"): "admin",
+    ("POST", "api/v1/alert-rules/<rule_id>/test"): "admin",
     ("GET", "api/v1/alerts"): "read",
 }
 

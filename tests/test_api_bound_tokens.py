@@ -43,6 +43,7 @@ BOUND_GETS = {
     ("GET", "api/v1/workflows/<workflow_id>"): "hidden",
     ("PATCH", "api/v1/workflows/<workflow_id>"): "hidden",
     ("POST", "api/v1/workflows/<workflow_id>/cancel"): "hidden",
+    ("POST", "api/v1/workflows/<workflow_id>/resume"): "hidden",
     ("POST", "api/v1/schedules"): "refused",
     ("GET", "api/v1/schedules"): "filtered",
     ("PATCH", "api/v1/schedules/<schedule_id>"): "hidden",
@@ -58,6 +59,8 @@ BOUND_GETS = {
     ("GET", "api/v1/alert-rules"): "filtered",
     ("PATCH", "api/v1/alert-rules/<rule_id>"): "hidden",
     ("DELETE", "api/v1/alert-rules/<rule_id>"): "hidden",
+    ("POST", "api/v1/alert-rules/<rule_id>/silence"): "hidden",
+    ("POST", "api/v1/alert-rules/<rule_id>/test"): "hidden",
     ("GET", "api/v1/alerts"): "filtered",
 }
 
@@ -111,6 +114,8 @@ def other_calls(ids: dict[str, str]) -> dict[tuple[str, str], tuple[str, dict | 
             f"/api/v1/workflows/{workflow}", {"open": False}),
         ("POST", "api/v1/workflows/<workflow_id>/cancel"): (
             f"/api/v1/workflows/{workflow}/cancel", None),
+        ("POST", "api/v1/workflows/<workflow_id>/resume"): (
+            f"/api/v1/workflows/{workflow}/resume", None),
         ("POST", "api/v1/schedules"): ("/api/v1/schedules", {
             "name": "mine", "interval_seconds": 60, "agent_name": OTHER,
             "task_type": "price_parts"}),
@@ -135,6 +140,10 @@ def other_calls(ids: dict[str, str]) -> dict[tuple[str, str], tuple[str, dict | 
         ("PATCH", "api/v1/alert-rules/<rule_id>"): (
             f"/api/v1/alert-rules/{ids['rule']}", {"enabled": False}),
         ("DELETE", "api/v1/alert-rules/<rule_id>"): (f"/api/v1/alert-rules/{ids['rule']}", None),
+        ("POST", "api/v1/alert-rules/<rule_id>/silence"): (
+            f"/api/v1/alert-rules/{ids['rule']}/silence", {"until": None}),
+        ("POST", "api/v1/alert-rules/<rule_id>/test"): (
+            f"/api/v1/alert-rules/{ids['rule']}/test", None),
         ("GET", "api/v1/alerts"): ("/api/v1/alerts", None),
     }  # fmt: skip
 

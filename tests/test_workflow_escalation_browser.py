@@ -5,13 +5,14 @@ without it sees no button and is refused)."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 
 from task_queue import escalation, operations
 from task_queue.models import OperatorAction
 from task_queue.models import Workflow as QueueWorkflow
-from tests.support.browser import needs_chromium
+from tests.support.browser import POST_STATUS, needs_chromium
 from tests.support.queue import fail_pending
+from tests.support.users import grant
 from tests.test_dashboard_browser import db, live, log_in, shot, users  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.slow, needs_chromium]
@@ -30,11 +31,7 @@ def test_an_escalated_workflow_is_shown_and_resumed(
     live_servers,
     browser,
 ):
-    db(
-        lambda: User.objects.get(username="operator").user_permissions.add(
-            Permission.objects.get(content_type__app_label="workflows", codename="change_workflow")
-        )
-    )
+    db(lambda: grant(User.objects.get(username="operator"), "workflows.change_workflow"))
     workflow = db(escalated_workflow)
     server = live_servers()
 
@@ -60,10 +57,5 @@ def test_resuming_needs_the_permission(users, live_servers, browser):  # noqa: F
     server = live_servers()
     page = log_in(browser, server, "viewer", f"/workflows/{workflow.id}/")
     assert page.query_selector("button:has-text('Resume the workflow')") is None
-    status = page.evaluate(
-        """async (url) => (await fetch(url, {method: "POST", headers: {"X-CSRFToken":
-               document.cookie.match(/csrftoken=([^;]+)/)[1]}})).status""",
-        f"/workflows/{workflow.id}/resume/",
-    )
-    assert status == 403
+    assert page.evaluate(POST_STATUS, f"/workflows/{workflow.id}/resume/") == 403
     assert db(lambda: QueueWorkflow.objects.get(id=workflow.id).escalated_at) is not None

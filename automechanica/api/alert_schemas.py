@@ -44,8 +44,8 @@ class AlertRuleCreate(StrictSchema):
     kind: Kind
     agent: Text | None = Field(None, description="None: every agent, each on its own.")
     threshold: float = Field(
-        description="dead_letter: tasks; failure_rate: 0 to 1; backlog_age: seconds; "
-        "no_workers: ignored."
+        description="dead_letter, lease_expirations: tasks; failure_rate: 0 to 1; "
+        "backlog_age, schedule_missed: seconds; no_workers, workflow_escalated: ignored."
     )
     window_seconds: Int = Field(900, description="10 to 3600.")
     min_count: Int = Field(10, description="failure_rate: tasks finished in the window at least.")
@@ -56,6 +56,16 @@ class AlertRuleCreate(StrictSchema):
         '{"type": "email", "to": [...]}',
     )
     enabled: Bool = True
+
+
+class AlertSilence(StrictSchema):
+    until: datetime | None = Field(
+        description="Nothing is sent until then (the rule is still evaluated); null lifts it."
+    )
+
+
+class AlertTestOut(BaseModel):
+    notification_id: int
 
 
 class AlertRuleUpdate(StrictSchema):
@@ -92,6 +102,7 @@ class AlertRuleOut(BaseModel):
         "with the URL or the secret."
     )
     enabled: bool
+    silenced_until: datetime | None
     source: str
     firing: list[AlertStateOut] = Field(description="The agents it fires for now.")
 

@@ -18,7 +18,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from task_queue import limits, operations, registry, stats
-from task_queue.models import PausedAgent, RetentionRun, TaskStatus, Worker
+from task_queue.models import AlertState, PausedAgent, RetentionRun, TaskStatus, Worker
 from task_queue.sql import counts, reading
 
 CHART_MINUTES = 60
@@ -62,6 +62,7 @@ class Snapshot:
     minutes: list[tuple[datetime, int, int]]  # (minute, completed, failed), oldest first
     totals: dict[str, int] = field(default_factory=dict)
     pruned: dict[str, int] = field(default_factory=dict)  # by retention, last 24 hours
+    alerts_firing: int = 0  # (rule, agent or workflow) pairs firing now: the banner
 
 
 def take_snapshot() -> Snapshot:
@@ -102,6 +103,7 @@ def take_snapshot() -> Snapshot:
             agent_events=Coalesce(Sum("agent_events"), 0),
             stream_events=Coalesce(Sum("stream_events"), 0),
         ),
+        alerts_firing=AlertState.objects.filter(firing_since__isnull=False).count(),
     )
 
 

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import limits, mailboxes, reports, schedules, views
+from . import alerts, limits, mailboxes, reports, schedules, views
 
 app_name = "dashboard"
 
@@ -34,6 +34,12 @@ urlpatterns = [
     ),
     path("workers/", views.workers, name="workers"),
     path("workflows/", views.workflows, name="workflows"),
+    path("alerts/", alerts.alerts, name="alerts"),
+    path(
+        "alerts/<int:rule_id>/<str:action>/",
+        alerts.act,
+        name="alert_action",
+    ),
     path("workflows/<uuid:workflow_id>/", views.workflow_detail, name="workflow"),
     path("workflows/<uuid:workflow_id>/resume/", views.resume_workflow, name="resume_workflow"),
     path("audit/", views.audit, name="audit"),

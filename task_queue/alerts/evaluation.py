@@ -22,13 +22,14 @@ from uuid import UUID
 from django.conf import settings
 from django.db import transaction
 
-from task_queue import registry
+from task_queue import audit, registry
 from task_queue.models import (
     AlertDelivery,
     AlertKind,
     AlertNotification,
     AlertRule,
     AlertState,
+    OperatorAction,
 )
 from task_queue.sql import alerts as alerts_sql
 from task_queue.sql import db, locks
@@ -77,23 +78,26 @@ def evaluate(*, now: datetime | None = None) -> list[AlertNotification] | None:
 def _step(
     rule: AlertRule, state: AlertState | None, reading: Reading, clock: datetime
 ) -> AlertNotification | None:
-    """Move one (rule, agent) state by its reading; the notification it makes, if any."""
+    """Move one (rule, agent) state by its reading; the notification it makes, if any.
+    A silenced rule's states move as ever, but it makes none: a firing that began
+    during the silence (never notified) is notified at the first evaluation after it."""
     if state is None:
         if not reading.holds:
             return None
         state = AlertState(rule=rule, agent=reading.agent, workflow_id=reading.workflow)
+    silenced = rule.silenced_until is not None and clock < rule.silenced_until
     notify = None
     if reading.holds and state.firing_since is None:
         state.firing_since = clock
         notify = AlertNotification.State.FIRING
-    elif reading.holds and clock - state.notified_at >= timedelta(seconds=rule.repeat_seconds):
+    elif reading.holds and not silenced and _reminder_due(rule, state, clock):
         notify = AlertNotification.State.FIRING  # still holding: a reminder
     elif not reading.holds and state.firing_since is not None:
         notify = AlertNotification.State.RESOLVED
     started_at = state.firing_since
     if notify == AlertNotification.State.RESOLVED:
         state.firing_since = None
-    if notify is not None:
+    if notify is not None and not silenced:
         state.notified_at = clock
     if notify is None and state.pk is not None and state.value == reading.value:
         return None  # nothing changed: no write
@@ -103,13 +107,37 @@ def _step(
         state.delete()  # a workflow escalates once: its state is done with
     else:
         state.save()
-    if notify is None:
+    if notify is None or silenced:
         return None
     return _notify(rule, reading, notify, started_at)
 
 
+def _reminder_due(rule: AlertRule, state: AlertState, clock: datetime) -> bool:
+    """Firing, and not notified for ``repeat_seconds`` (or never: silenced then)."""
+    never = state.notified_at is None
+    return never or clock - state.notified_at >= timedelta(seconds=rule.repeat_seconds)
+
+
+def send_test(rule: AlertRule, *, actor: str, source: str) -> AlertNotification:
+    """A ``test`` notification of the rule to each of its channels, delivered as any
+    other (audited): an operator checks the channels reach people."""
+    with transaction.atomic():
+        reading = Reading(rule.agent or "", 0.0, False)
+        what = f"a test of {rule.name!r}, sent by {actor}: nothing is wrong"
+        test = AlertNotification.State.TEST
+        notification = _notify(rule, reading, test, db.database_clock(), what)
+        audit.record(
+            actor=actor,
+            action=OperatorAction.Kind.TEST_ALERT_RULE,
+            source=source,
+            agent_name=rule.agent,
+            changes={"alert_rule": rule.name},
+        )
+    return notification
+
+
 def _notify(
-    rule: AlertRule, reading: Reading, state: str, started_at: datetime
+    rule: AlertRule, reading: Reading, state: str, started_at: datetime, what: str = ""
 ) -> AlertNotification:
     body = {
         "rule": rule.name,
@@ -120,7 +148,7 @@ def _notify(
         "value": reading.value,
         "threshold": rule.threshold,
         "started_at": started_at.isoformat(),
-        "summary": summary(rule, reading, state),
+        "summary": what or summary(rule, reading, state),
         "links": links(rule.kind, reading.agent, reading.workflow),
     }
     notification = AlertNotification.objects.create(

@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import json
 import math
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -142,6 +143,19 @@ def delete(rule_id: int, *, actor: str, source: str) -> None:
         rule = _changeable(rule_id)
         _audit(rule, OperatorAction.Kind.DELETE_ALERT_RULE, actor, source, described(rule))
         rule.delete()
+
+
+def silence(rule_id: int, until: datetime | None, *, actor: str, source: str) -> AlertRule:
+    """Silence a rule until ``until`` (None lifts the silence), audited. A rule
+    declared in settings too: silencing is operating it, not defining it."""
+    with transaction.atomic():
+        rule = AlertRule.objects.select_for_update().get(pk=rule_id)
+        rule.silenced_until = until
+        rule.save(update_fields=["silenced_until"])
+        shown_until = until.isoformat() if until else None
+        _audit(rule, OperatorAction.Kind.SILENCE_ALERT_RULE, actor, source,
+               {"silenced_until": shown_until})  # fmt: skip
+    return rule
 
 
 def redefine(rule: AlertRule, values: dict[str, Any]) -> None:

@@ -37,6 +37,9 @@ class AlertRule(models.Model):
     #  {"type": "email", "to": [...]}] (task_queue.alerts.channels checks them).
     channels = models.JSONField(default=list, blank=True)
     enabled = models.BooleanField(default=True)
+    # Silenced until then: evaluated, but it notifies nothing (a firing that outlasts
+    # the silence is notified once it ends).
+    silenced_until = models.DateTimeField(null=True, blank=True)
     # Where it was made, as for schedules (settings, the admin, the API, the dashboard).
     source = models.TextField(choices=Schedule.Source.choices, default=Schedule.Source.API)
     created_at = models.DateTimeField(db_default=Now())
@@ -91,6 +94,7 @@ class AlertNotification(models.Model):
     class State(models.TextChoices):
         FIRING = "firing"
         RESOLVED = "resolved"
+        TEST = "test"  # sent by an operator to check the channels
 
     rule = models.ForeignKey(AlertRule, on_delete=models.CASCADE, related_name="notifications")
     agent = models.TextField()

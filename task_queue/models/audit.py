@@ -37,6 +37,8 @@ class OperatorAction(models.Model):
         CREATE_ALERT_RULE = "create_alert_rule", "Create alert rule"
         UPDATE_ALERT_RULE = "update_alert_rule", "Change alert rule"
         DELETE_ALERT_RULE = "delete_alert_rule", "Delete alert rule"
+        SILENCE_ALERT_RULE = "silence_alert_rule", "Silence alert rule"
+        TEST_ALERT_RULE = "test_alert_rule", "Send a test alert"
         # An escalated workflow resumed (task_queue.escalation); ``changes`` names it.
         RESUME_WORKFLOW = "resume_workflow", "Resume escalated workflow"
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from task_queue.leases import Lease, backoff
 from task_queue.sql import locks
-from task_queue.sql.db import fetch
+from task_queue.sql.db import execute, fetch
 
 # Per agent, the tasks that finished in the last %(window)s seconds (at most the
 # finish counters' hour), from the 10-second buckets that began in it: completed, and
@@ -180,3 +180,31 @@ def finish_delivery(
         },
     )
     return rows[0][0] if rows else None
+
+
+# Notifications made before the cutoff whose every delivery has ended (sent or
+# failed), with their deliveries and attempts (retention). Alerts are rare: the
+# table is small, and a scan of it costs little.
+PRUNE_NOTIFICATIONS = """
+WITH doomed AS (
+    SELECT n.id FROM alert_notifications n
+    WHERE n.created_at < %(cutoff)s
+      AND NOT EXISTS (SELECT FROM alert_deliveries d
+                      WHERE d.notification_id = n.id AND d.status IN ('pending', 'sending'))
+    ORDER BY n.created_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+),
+deliveries AS (
+    DELETE FROM alert_deliveries d USING doomed WHERE d.notification_id = doomed.id
+    RETURNING d.id
+),
+attempts AS (
+    DELETE FROM alert_delivery_attempts a USING deliveries WHERE a.delivery_id = deliveries.id
+)
+DELETE FROM alert_notifications n USING doomed WHERE n.id = doomed.id
+"""
+
+
+def prune_notifications(*, cutoff: datetime, batch: int) -> int:
+    return execute(PRUNE_NOTIFICATIONS, {"cutoff": cutoff, "batch": batch})

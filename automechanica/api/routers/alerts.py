@@ -12,11 +12,18 @@ from django.http import HttpRequest
 from ninja import Query, Router, Status
 from pydantic import Field
 
-from task_queue.alerts import channels, rules
+from task_queue.alerts import channels, evaluation, rules
 from task_queue.models import AlertDelivery, AlertNotification, AlertRule, AlertState
 
 from ..agents import own, require_agent
-from ..alert_schemas import AlertRuleCreate, AlertRuleOut, AlertRuleUpdate, AlertsOut
+from ..alert_schemas import (
+    AlertRuleCreate,
+    AlertRuleOut,
+    AlertRuleUpdate,
+    AlertSilence,
+    AlertsOut,
+    AlertTestOut,
+)
 from ..auth import ADMIN, READ
 from ..errors import ERROR_RESPONSES, ApiError
 from ..schemas import StrictSchema
@@ -33,6 +40,7 @@ def _rule_out(rule: AlertRule) -> dict[str, Any]:
     return {
         **rules.described(rule),
         "id": rule.id,
+        "silenced_until": rule.silenced_until,
         "source": rule.source,
         "firing": [  # the prefetched states: the firing ones
             {
@@ -113,6 +121,29 @@ def update_alert_rule(request: HttpRequest, rule_id: int, body: AlertRuleUpdate)
     except rules.DeclaredInSettings as error:
         raise _declared(error) from None
     return _rule_out(_one(request, rule_id))
+
+
+@router.post(
+    "/alert-rules/{rule_id}/silence", auth=ADMIN, response={200: AlertRuleOut, **ERROR_RESPONSES}
+)
+def silence_alert_rule(request: HttpRequest, rule_id: int, body: AlertSilence):
+    """Silence a rule until a time (it is still evaluated; a firing that outlasts the
+    silence is notified once it ends), or lift the silence (``null``). Audited; a rule
+    declared in settings can be silenced too."""
+    _one(request, rule_id)
+    rules.silence(rule_id, body.until, actor=request.auth.actor, source="api")
+    return _rule_out(_one(request, rule_id))
+
+
+@router.post(
+    "/alert-rules/{rule_id}/test", auth=ADMIN, response={201: AlertTestOut, **ERROR_RESPONSES}
+)
+def test_alert_rule(request: HttpRequest, rule_id: int):
+    """Send a ``test`` notification to each of the rule's channels (audited); its
+    deliveries show in ``GET /alerts`` like any other's."""
+    rule = _one(request, rule_id)
+    notification = evaluation.send_test(rule, actor=request.auth.actor, source="api")
+    return Status(201, {"notification_id": notification.id})
 
 
 @router.delete("/alert-rules/{rule_id}", auth=ADMIN, response={204: None, **ERROR_RESPONSES})
