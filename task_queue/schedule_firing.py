@@ -111,7 +111,7 @@ def sync_declared(*, now: datetime | None = None) -> None:
     checked = {}
     for name, definition in declared.items():
         try:
-            checked[name] = schedules.validated({"name": name, **definition})
+            checked[name] = schedules.validated({**definition, "name": name})  # the key names it
         except operations.InvalidTask as error:
             raise ImproperlyConfigured(f"QUEUE_SCHEDULES[{name!r}]: {error}") from None
     with transaction.atomic():

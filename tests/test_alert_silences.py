@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from task_queue.alerts import evaluation, rules
-from task_queue.models import AlertKind, AlertNotification, AlertRule, OperatorAction
+from task_queue.models import AlertKind, AlertNotification, AlertRule, OperatorAction, Task
 from task_queue.sql import db
 from tests.support.queue import make_failed
 
@@ -55,8 +55,44 @@ def test_silence_and_test_through_the_api(admin_api):
     assert sent.status_code == 201, sent.content
     test = AlertNotification.objects.get(id=sent.json()["notification_id"])
     assert test.state == "test" and test.deliveries.count() == 1
+    assert test.body["links"] == {"alerts": "/alerts/"}
     assert "a test of 'dead echo', sent by token:" in test.body["summary"]
     assert OperatorAction.objects.filter(action=OperatorAction.Kind.TEST_ALERT_RULE).exists()
     listed = admin_api.get("/api/v1/alerts").json()
     assert [n["state"] for n in listed["recent"]] == ["test"] and listed["firing"] == []
     assert admin_api.post("/api/v1/alert-rules/999999/test").status_code == 404
+
+
+def test_a_firing_again_during_a_silence_is_told_when_it_ends_and_resolves_told():
+    rule = dead_echo()
+    clock = db.database_clock()
+    minute = timedelta(minutes=1)
+    make_failed([{}])
+    assert states(evaluation.evaluate(now=clock)) == ["firing"]
+    Task.objects.filter(status="failed").update(status="completed")  # it stops holding
+    assert states(evaluation.evaluate(now=clock + minute)) == ["resolved"]
+
+    rules.silence(rule.id, clock + 10 * minute, actor="user:op", source="api")
+    make_failed([{}])
+    assert evaluation.evaluate(now=clock + 2 * minute) == []  # fires again, silenced
+    # The silence ends: told at once, not a repeat period after the last notification.
+    assert states(evaluation.evaluate(now=clock + 11 * minute)) == ["firing"]
+    rules.silence(rule.id, clock + 30 * minute, actor="user:op", source="api")
+    Task.objects.filter(status="failed").update(status="completed")
+    # Resolved during a silence: people were told it fired, so they are told it ended.
+    assert states(evaluation.evaluate(now=clock + 12 * minute)) == ["resolved"]
+
+
+def test_a_firing_nobody_was_told_of_resolves_without_a_word():
+    rule = dead_echo()
+    clock = db.database_clock()
+    rules.silence(rule.id, clock + timedelta(hours=1), actor="user:op", source="api")
+    make_failed([{}])
+    assert evaluation.evaluate(now=clock) == []
+    Task.objects.filter(status="failed").update(status="completed")
+    assert evaluation.evaluate(now=clock + timedelta(hours=2)) == []
+    assert not AlertNotification.objects.exists()
+
+
+def states(made: list[AlertNotification]) -> list[str]:
+    return [n.state for n in made]

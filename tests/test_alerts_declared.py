@@ -59,6 +59,12 @@ def test_a_rule_of_the_api_is_taken_over_and_then_refused_there(settings, admin_
     assert AlertRule.objects.get(id=made["id"]).threshold == 1
 
 
+def test_the_key_names_a_declared_rule(settings):
+    settings.QUEUE_ALERT_RULES = {"dead echo": {**DEAD_ECHO, "name": "something else"}}
+    declared.sync_declared()
+    assert list(AlertRule.objects.values_list("name", flat=True)) == ["dead echo"]
+
+
 def test_a_bad_declaration_names_the_rule_and_field_and_writes_nothing(settings):
     settings.QUEUE_ALERT_RULES = {
         "fine": DEAD_ECHO,

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic import StrictBool as Bool
 from pydantic import StrictInt as Int
 
-from .schemas import StrictSchema, Text
+from .schemas import Moment, StrictSchema, Text
 
 Kind = Literal[
     "dead_letter",
@@ -59,7 +59,7 @@ class AlertRuleCreate(StrictSchema):
 
 
 class AlertSilence(StrictSchema):
-    until: datetime | None = Field(
+    until: Moment | None = Field(
         description="Nothing is sent until then (the rule is still evaluated); null lifts it."
     )
 

@@ -103,7 +103,9 @@ def take_snapshot() -> Snapshot:
             agent_events=Coalesce(Sum("agent_events"), 0),
             stream_events=Coalesce(Sum("stream_events"), 0),
         ),
-        alerts_firing=AlertState.objects.filter(firing_since__isnull=False).count(),
+        alerts_firing=AlertState.objects.filter(
+            firing_since__isnull=False, rule__enabled=True
+        ).count(),
     )
 
 

@@ -27,7 +27,7 @@ def sync_declared() -> None:
     checked = {}
     for name, definition in declared.items():
         try:
-            checked[name] = validated({"name": name, **definition})
+            checked[name] = validated({**definition, "name": name})  # the key names it
         except InvalidRule as error:
             raise ImproperlyConfigured(f"QUEUE_ALERT_RULES[{name!r}]: {error}") from None
     with transaction.atomic():
@@ -41,9 +41,19 @@ def sync_declared() -> None:
                 getattr(rule, field) == values[field] for field in FIELDS
             ):
                 continue
+            _hold_evaluations()
             redefine(rule, values)
             rule.source = Schedule.Source.CODE
             rule.save()
-        AlertRule.objects.filter(source=Schedule.Source.CODE).exclude(
+        undeclared = AlertRule.objects.filter(source=Schedule.Source.CODE).exclude(
             name__in=list(checked)
-        ).delete()
+        )
+        if undeclared.exists():
+            _hold_evaluations()
+            undeclared.delete()
+
+
+def _hold_evaluations() -> None:
+    """Before a state is dropped: no evaluation may write it back meanwhile. Only
+    then, so that a loop starting while another evaluates waits only if it must."""
+    locks.advisory_xact_lock(locks.ALERTS)

@@ -79,13 +79,15 @@ def _step(
     rule: AlertRule, state: AlertState | None, reading: Reading, clock: datetime
 ) -> AlertNotification | None:
     """Move one (rule, agent) state by its reading; the notification it makes, if any.
-    A silenced rule's states move as ever, but it makes none: a firing that began
-    during the silence (never notified) is notified at the first evaluation after it."""
+    A silenced rule's states move as ever, but it sends no firing nor reminder: a
+    firing nobody was told of is notified at the first evaluation after the silence,
+    and its resolve is sent only if they were told of it."""
     if state is None:
         if not reading.holds:
             return None
         state = AlertState(rule=rule, agent=reading.agent, workflow_id=reading.workflow)
     silenced = rule.silenced_until is not None and clock < rule.silenced_until
+    told = _told(state)  # of the firing now ending, if it ends
     notify = None
     if reading.holds and state.firing_since is None:
         state.firing_since = clock
@@ -97,7 +99,11 @@ def _step(
     started_at = state.firing_since
     if notify == AlertNotification.State.RESOLVED:
         state.firing_since = None
-    if notify is not None and not silenced:
+    # Sent: a firing or a reminder unless silenced; a resolve only of a firing people
+    # were told of (silenced or not), never of one they were not.
+    resolved = notify == AlertNotification.State.RESOLVED
+    send = notify is not None and (told if resolved else not silenced)
+    if send:
         state.notified_at = clock
     if notify is None and state.pk is not None and state.value == reading.value:
         return None  # nothing changed: no write
@@ -107,15 +113,26 @@ def _step(
         state.delete()  # a workflow escalates once: its state is done with
     else:
         state.save()
-    if notify is None or silenced:
+    if not send:
         return None
     return _notify(rule, reading, notify, started_at)
 
 
+def _told(state: AlertState) -> bool:
+    """Whether people were told of the state's current firing (not: it began while
+    the rule was silenced, and no reminder has gone since)."""
+    return (
+        state.firing_since is not None
+        and state.notified_at is not None
+        and state.notified_at >= state.firing_since
+    )
+
+
 def _reminder_due(rule: AlertRule, state: AlertState, clock: datetime) -> bool:
-    """Firing, and not notified for ``repeat_seconds`` (or never: silenced then)."""
-    never = state.notified_at is None
-    return never or clock - state.notified_at >= timedelta(seconds=rule.repeat_seconds)
+    """Firing, and not notified of for ``repeat_seconds``, or never (silenced then)."""
+    if not _told(state):
+        return True
+    return clock - state.notified_at >= timedelta(seconds=rule.repeat_seconds)
 
 
 def send_test(rule: AlertRule, *, actor: str, source: str) -> AlertNotification:
@@ -149,7 +166,9 @@ def _notify(
         "threshold": rule.threshold,
         "started_at": started_at.isoformat(),
         "summary": what or summary(rule, reading, state),
-        "links": links(rule.kind, reading.agent, reading.workflow),
+        "links": links(rule.kind, reading.agent, reading.workflow)
+        if state != AlertNotification.State.TEST
+        else {"alerts": settings.ALERTS_BASE_URL.rstrip("/") + "/alerts/"},
     }
     notification = AlertNotification.objects.create(
         rule=rule,

@@ -1,5 +1,7 @@
-"""Writing alert rules, from the API (and later the alerts page): checked, saved and
-recorded in the audit log in one transaction."""
+"""Writing alert rules, from the API and the alerts page (and silencing them): checked,
+saved and recorded in the audit log in one transaction. A change takes the
+evaluations' lock first (``locks.ALERTS``): an evaluation running meanwhile would
+otherwise write back a state the change drops."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from django.db import transaction
 
 from task_queue import audit, registry
 from task_queue.models import AlertKind, AlertRule, AlertState, OperatorAction, Schedule
-from task_queue.sql import db
+from task_queue.sql import db, locks
 from task_queue.storable import text_problem
 from task_queue.unique_names import save_named
 
@@ -169,6 +171,9 @@ def redefine(rule: AlertRule, values: dict[str, Any]) -> None:
 
 
 def _changeable(rule_id: int) -> AlertRule:
+    """The rule locked, if it may change here; and the evaluations' lock, so that none
+    writes back a state this transaction drops."""
+    locks.advisory_xact_lock(locks.ALERTS)
     rule = AlertRule.objects.select_for_update().get(pk=rule_id)
     if rule.source == Schedule.Source.CODE:
         raise DeclaredInSettings(rule.name)
