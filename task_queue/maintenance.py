@@ -50,6 +50,21 @@ def register(
     _jobs[name] = MaintenanceJob(name, run, every_seconds, order)
 
 
+class SyncedFirst:
+    """A job whose declarations in settings (``sync``) are synced at the loop's first
+    pass, then ``run`` at every pass: schedules and alert rules."""
+
+    def __init__(self, sync: Callable[[], None], run: Callable[[], str | None]) -> None:
+        self.sync, self.run = sync, run
+        self.synced = False
+
+    def __call__(self) -> str | None:
+        if not self.synced:
+            self.sync()
+            self.synced = True
+        return self.run()
+
+
 def registered() -> list[MaintenanceJob]:
     return sorted(_jobs.values(), key=lambda job: job.order)  # stable: registration order
 

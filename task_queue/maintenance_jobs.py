@@ -69,20 +69,6 @@ def sequence_and_prune() -> None:
     retention.prune()
 
 
-class EvaluateAlerts:
-    """The alert rules declared in settings synced at the loop's first pass, then
-    every rule evaluated."""
-
-    def __init__(self) -> None:
-        self.synced = False
-
-    def __call__(self) -> str | None:
-        if not self.synced:
-            alerts.declared.sync_declared()
-            self.synced = True
-        return evaluate_alerts()
-
-
 def evaluate_alerts() -> str | None:
     made = alerts.evaluation.evaluate()
     if made is None:
@@ -114,10 +100,14 @@ def register() -> None:
     maintenance.register("reaper", reap, order=maintenance.LEASES)
     maintenance.register("workflow escalation", escalate_workflows, order=maintenance.LEASES + 1)
     maintenance.register("metric rollups", roll_up, order=maintenance.ROLLUPS)
-    maintenance.register("schedules", schedule_firing.FiringJob(), order=maintenance.REPORTS)
+    maintenance.register(
+        "schedules",
+        maintenance.SyncedFirst(schedule_firing.sync_declared, schedule_firing.fire_due_slots),
+        order=maintenance.REPORTS,
+    )
     maintenance.register(
         "alert rules",
-        EvaluateAlerts(),
+        maintenance.SyncedFirst(alerts.declared.sync_declared, evaluate_alerts),
         every_seconds=settings.QUEUE_ALERTS_EVALUATE_SECONDS,
         order=maintenance.REPORTS,
     )

@@ -136,16 +136,7 @@ def sync_declared(*, now: datetime | None = None) -> None:
         ).delete()
 
 
-class FiringJob:
-    """The maintenance job: the declared schedules synced at the loop's first pass,
-    then the due slots fired at every pass."""
-
-    def __init__(self) -> None:
-        self.synced = False
-
-    def __call__(self) -> str | None:
-        if not self.synced:
-            sync_declared()
-            self.synced = True
-        fired = fire_due()
-        return f"schedules: fired {fired} slot(s)" if fired else None
+def fire_due_slots() -> str | None:
+    """The maintenance job's pass (after ``sync_declared``, once)."""
+    fired = fire_due()
+    return f"schedules: fired {fired} slot(s)" if fired else None

@@ -10,7 +10,7 @@ from django.core.management.base import CommandError
 
 from task_queue import maintenance
 from task_queue.alerts import declared
-from task_queue.maintenance_jobs import EvaluateAlerts
+from task_queue.maintenance_jobs import evaluate_alerts
 from task_queue.models import AlertRule, AlertState
 from tests.support.queue import make_failed
 
@@ -21,13 +21,13 @@ DEAD_ECHO = {"kind": "dead_letter", "threshold": 1, "agent": "EchoAgent"}
 
 def test_declared_rules_are_created_changed_and_removed_with_the_settings(settings):
     settings.QUEUE_ALERT_RULES = {"dead echo": DEAD_ECHO}
-    EvaluateAlerts()()  # the job syncs, then evaluates
+    maintenance.SyncedFirst(declared.sync_declared, evaluate_alerts)()  # syncs, evaluates
     rule = AlertRule.objects.get(name="dead echo")
     assert (rule.source, rule.kind, rule.threshold, rule.window_seconds) == (
         "code", "dead_letter", 1, 900
     )  # fmt: skip
     make_failed([{}])
-    job = EvaluateAlerts()
+    job = maintenance.SyncedFirst(declared.sync_declared, evaluate_alerts)
     assert job() == "alerts: dead echo (EchoAgent) firing"
     assert job() is None  # synced once: the second pass only evaluates
 

@@ -20,7 +20,7 @@ from django.views.decorators.http import require_GET, require_POST
 from task_queue.alerts import evaluation, rules
 from task_queue.alerts.channels import shown
 from task_queue.audit import user_actor
-from task_queue.models import AlertDelivery, AlertNotification, AlertRule, AlertState
+from task_queue.models import AlertDelivery, AlertNotification, AlertRule
 from task_queue.sql import db
 
 RECENT_SHOWN = 50
@@ -32,8 +32,8 @@ ACTIONS = ("enable", "disable", "silence", "unsilence", "test")
 @staff_member_required
 @require_GET
 def alerts(request: HttpRequest) -> HttpResponse:
-    firing = AlertState.objects.filter(firing_since__isnull=False).order_by("firing_since")
-    shown_rules = list(AlertRule.objects.prefetch_related(Prefetch("states", queryset=firing)))
+    firing = Prefetch("states", queryset=rules.firing_states())
+    shown_rules = list(AlertRule.objects.prefetch_related(firing))
     for rule in shown_rules:
         rule.shown_channels = [shown(channel) for channel in rule.channels]
     recent = list(

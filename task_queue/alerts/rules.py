@@ -14,6 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import QuerySet
 
 from task_queue import audit, registry
 from task_queue.models import AlertKind, AlertRule, AlertState, OperatorAction, Schedule
@@ -92,6 +93,11 @@ def validated(values: dict[str, Any], *, new_agent: bool = True) -> dict[str, An
     except InvalidChannel as error:
         raise InvalidRule(error.field, error.message) from None
     return {field: values[field] for field in FIELDS}
+
+
+def firing_states() -> QuerySet[AlertState]:
+    """The states firing now, oldest first (the API's and the alerts page's)."""
+    return AlertState.objects.filter(firing_since__isnull=False).order_by("firing_since")
 
 
 def described(rule: AlertRule) -> dict[str, Any]:

@@ -106,7 +106,7 @@ WHERE w.escalated_at IS NOT NULL AND w.cancelled_at IS NULL
 def escalated_workflows(agent: str | None) -> list[tuple[UUID, str, dict[str, Any]]]:
     """(workflow, name, escalation) of each escalated one (with a task of ``agent``)."""
     return [
-        (workflow, name, json.loads(escalation) if isinstance(escalation, str) else escalation)
+        (workflow, name, json.loads(escalation))  # Django reads jsonb as text
         for workflow, name, escalation in fetch(ESCALATED_WORKFLOWS, {"agent": agent})
     ]
 

@@ -13,7 +13,7 @@ from ninja import Query, Router, Status
 from pydantic import Field
 
 from task_queue.alerts import channels, evaluation, rules
-from task_queue.models import AlertDelivery, AlertNotification, AlertRule, AlertState
+from task_queue.models import AlertDelivery, AlertNotification, AlertRule
 
 from ..agents import own, require_agent
 from ..alert_schemas import (
@@ -56,7 +56,7 @@ def _rule_out(rule: AlertRule) -> dict[str, Any]:
 
 
 def _rules(request: HttpRequest):
-    firing = Prefetch("states", queryset=AlertState.objects.filter(firing_since__isnull=False))
+    firing = Prefetch("states", queryset=rules.firing_states())
     return own(request, AlertRule.objects.prefetch_related(firing), "agent")
 
 
@@ -166,7 +166,7 @@ def list_alerts(request: HttpRequest, query: Query[RecentQuery]):
     )
     if request.auth.agents:
         notifications = notifications.filter(agent__in=request.auth.agents)
-    firing_states = own(request, AlertState.objects.filter(firing_since__isnull=False), "agent")
+    firing_states = own(request, rules.firing_states(), "agent")
     wanted = Q(pk__in=[])
     for state in firing_states:
         wanted |= Q(
