@@ -7,7 +7,8 @@
 - event stream envelopes ``QUEUE_RETENTION_DAYS`` after they were emitted, once every
   relay has relayed them;
 - alert notifications (with their deliveries and attempts) ``QUEUE_RETENTION_DAYS``
-  after they were made, once every delivery has ended.
+  after they were made, once every delivery has ended; alert firings that long after
+  they ended.
 
 The queue prunes its own tables; apps above it register steps for theirs
 (``register``), which run in the same batches, under the same lock: agents_app's
@@ -52,6 +53,7 @@ class Pruned:
     messages: int = 0  # and publications
     stream_events: int = 0
     alert_notifications: int = 0  # with their deliveries and attempts
+    alert_firings: int = 0
 
     def add(self, counts: dict[str, int]) -> None:
         for kind, n in counts.items():
@@ -98,9 +100,15 @@ def _alert_notifications(clock: datetime, batch: int) -> dict[str, int]:
     return {"alert_notifications": alerts_sql.prune_notifications(cutoff=cutoff, batch=batch)}
 
 
+def _alert_firings(clock: datetime, batch: int) -> dict[str, int]:
+    cutoff = clock - timedelta(days=settings.QUEUE_RETENTION_DAYS)
+    return {"alert_firings": alerts_sql.prune_firings(cutoff=cutoff, batch=batch)}
+
+
 register("finished tasks and workflows", _finished_tasks)
 register("stream events", _stream_events)
 register("alert notifications", _alert_notifications)
+register("alert firings", _alert_firings)
 
 
 def prune(*, now: datetime | None = None) -> Pruned | None:

@@ -1,6 +1,7 @@
 """The alerts in a real browser: the overview's banner while a rule fires (pushed
-live, gone once it resolves) and /alerts/ with the rule's state and the notification's
-delivery attempts, with no secret shown."""
+live, gone once it resolves), /alerts/ with the rule's state and the notification's
+delivery attempts, with no secret shown, and an operator creating (refused first, on
+the field), changing, silencing, testing and disabling a rule."""
 
 from __future__ import annotations
 
@@ -59,20 +60,36 @@ def test_the_banner_and_the_alerts_page_show_a_firing_rule(
     page.wait_for_selector(".alert-banner", state="detached", timeout=10_000)
 
 
-def test_an_operator_with_manage_alerts_silences_tests_and_disables_a_rule(
+def test_an_operator_with_manage_alerts_creates_silences_tests_and_disables_a_rule(
     users,  # noqa: F811 - the fixture
     live_servers,
     browser,
 ):
     db(lambda: grant(User.objects.get(username="operator"), "queue.manage_alerts"))
-    rule = db(
-        lambda: AlertRule.objects.create(
-            name="backlog", kind=AlertKind.BACKLOG_AGE, threshold=60,
-            channels=[{"type": "email", "to": ["oncall@example.com"]}],
-        )
-    )  # fmt: skip
     server = live_servers()
     page = log_in(browser, server, "operator", "/alerts/")
+    page.click("details#new-alert-rule summary")
+    form = 'form[data-form="new-alert-rule"]'
+    page.fill(f"{form} [name=name]", "backlog")
+    page.select_option(f"{form} [name=kind]", "backlog_age")
+    page.fill(f"{form} [name=threshold]", "60")
+    page.fill(f"{form} [name=channels]", '[{"type": "email", "to": ["not an address"]}]')
+    page.click(f"{form} button[data-action=create]")
+    error = page.inner_text('[data-error="channels"]')
+    assert error == "channels[0].to[0]: not an email address"  # refused, on its field
+    shot(page, "alerts-new-rule-refused")
+    page.fill(f"{form} [name=channels]", '[{"type": "email", "to": ["oncall@example.com"]}]')
+    page.click(f"{form} button[data-action=create]")
+    assert "Alert rule 'backlog' created." in page.inner_text("#messages")
+    rule = db(lambda: AlertRule.objects.get(name="backlog"))
+    assert (rule.kind, rule.threshold, rule.agent) == ("backlog_age", 60, None)
+    page.click('tr[data-rule="backlog"] [data-action=edit]')
+    assert page.input_value("[name=channels]") == ""  # kept unless replaced: never shown
+    page.fill("[name=threshold]", "120")
+    shot(page, "alert-rule-edit")
+    page.click("button[data-action=save]")
+    assert "Alert rule 'backlog' saved." in page.inner_text("#messages")
+    assert db(lambda: AlertRule.objects.get(name="backlog").threshold) == 120
     row = 'tr[data-rule="backlog"]'
     page.click(f"{row} button:has-text('Silence 1 h')")
     assert "backlog: silenced until" in page.inner_text("#messages")
@@ -86,7 +103,10 @@ def test_an_operator_with_manage_alerts_silences_tests_and_disables_a_rule(
     actions = db(
         lambda: sorted(OperatorAction.objects.values_list("action", flat=True))
     )  # fmt: skip
-    assert actions == ["silence_alert_rule", "test_alert_rule", "update_alert_rule"]
+    assert actions == [
+        "create_alert_rule", "silence_alert_rule", "test_alert_rule", "update_alert_rule",
+        "update_alert_rule",
+    ]  # fmt: skip
 
     viewer = log_in(browser, server, "viewer", "/alerts/")
     assert viewer.query_selector(f"{row} button") is None

@@ -154,7 +154,7 @@ def test_a_refused_schedule_comes_back_with_its_fields_error_and_nothing_written
     assert response.status_code == 400
     error = page.split(f'data-error="{field}">', 1)[1].split("</span>", 1)[0]
     assert says in error
-    assert '<details class="new-schedule" id="new-schedule" open>' in page
+    assert '<details class="new-form" id="new-schedule" open>' in page
     assert f'value="{FORM["task_type"]}"' in page  # what was typed stays
     assert set(Schedule.objects.values_list("id", flat=True)) == before
     assert not OperatorAction.objects.exclude(actor="test").exists()

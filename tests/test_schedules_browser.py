@@ -87,7 +87,7 @@ def test_a_schedule_is_created_edited_and_deleted_through_the_page(
     server = live_servers()
     page = log_in(browser, server, "operator", "/schedules/")
     live(page)
-    page.click("details.new-schedule summary")
+    page.click("details#new-schedule summary")
     form = 'form[data-form="new-schedule"]'
     page.fill(f"{form} [name=name]", "from the page")
     page.fill(f"{form} [name=cron]", "every minute")  # refused: not a cron expression

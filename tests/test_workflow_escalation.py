@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import psycopg
 import pytest
 from django.db import connection
 
@@ -17,6 +18,7 @@ from task_queue.models import (
     AlertState,
     OperatorAction,
     OutboxEvent,
+    Workflow,
     WorkflowEscalationCheck,
 )
 from task_queue.sql import db
@@ -170,3 +172,35 @@ def test_retention_keeps_an_escalated_workflow_until_it_is_resumed(api):
     api.post(f"/api/v1/workflows/{workflow['id']}/resume")
     retention.prune(now=later)
     assert api.get(f"/api/v1/workflows/{workflow['id']}").status_code == 404
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_workflow_locked_elsewhere_is_skipped_with_its_checks_kept(api):
+    held = create(api, escalate_after_failures=1, open=True)
+    other = create(api, escalate_after_failures=1, open=True)
+    fail_one(held["id"])
+    fail_one(other["id"])
+    fail_one(other["id"])  # two check rows of one workflow: counted once, both gone
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    with connection.cursor() as cursor:
+        cursor.execute("SET lock_timeout = '5s'")  # waiting for the lock fails the test
+    try:
+        with psycopg.connect(**params) as operator:  # a long transaction on one workflow
+            operator.execute("SELECT FROM workflows WHERE id = %s FOR UPDATE", [held["id"]])
+            assert [str(w) for w in escalation.escalate_due()] == [other["id"]]
+            kept = WorkflowEscalationCheck.objects.values_list("workflow_id", flat=True)
+            assert [str(w) for w in kept] == [held["id"]]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    assert [str(w) for w in escalation.escalate_due()] == [held["id"]]
+    assert not WorkflowEscalationCheck.objects.exists()
+
+
+def test_the_deadline_is_set_however_the_workflow_is_created():
+    created = Workflow.objects.create(name="made in code", escalate_after_seconds=90)
+    created.refresh_from_db()
+    assert created.escalate_at - created.created_at == timedelta(seconds=90)
+    assert Workflow.objects.create(name="no deadline").escalate_at is None

@@ -136,6 +136,19 @@ class NotificationOut(BaseModel):
     deliveries: list[DeliveryOut]
 
 
+class FiringOut(BaseModel):
+    rule: str
+    agent: str
+    workflow_id: str | None = Field(description="workflow_escalated: the workflow.")
+    started_at: datetime
+    ended_at: datetime | None = Field(description="None: firing now.")
+    ended_by: str | None = Field(description="resolved, or rule_changed.")
+    peak_value: float | None = Field(description="The highest reading while it fired.")
+
+
 class AlertsOut(BaseModel):
     firing: list[NotificationOut] = Field(description="The last firing of each alert now firing.")
     recent: list[NotificationOut] = Field(description="The latest notifications, newest first.")
+    firings: list[FiringOut] = Field(
+        description="The history of firings (whether notified or silenced), newest first."
+    )

@@ -17,6 +17,8 @@ from django import forms
 from task_queue import registry, schedules
 from task_queue.models import Schedule
 
+from . import json_input
+
 TEXT = forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"})
 
 
@@ -79,14 +81,7 @@ class ScheduleForm(forms.Form):
 
     def clean_payload(self) -> Any:
         text = self.cleaned_data["payload"].strip() or "{}"
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as bad:
-            raise forms.ValidationError(
-                f"Not valid JSON: {bad.msg} (line {bad.lineno}, column {bad.colno})"
-            ) from None
-        except RecursionError:
-            raise forms.ValidationError("The payload is nested too deeply.") from None
+        return json_input.parsed(text, "payload")
 
     def definition(self) -> dict[str, Any]:
         """What was typed, as ``task_queue.schedules`` takes it (a valid form only)."""

@@ -35,6 +35,9 @@ urlpatterns = [
     path("workers/", views.workers, name="workers"),
     path("workflows/", views.workflows, name="workflows"),
     path("alerts/", alerts.alerts, name="alerts"),
+    path("alerts/new/", alerts.alert_new, name="alert_new"),
+    path("alerts/<int:rule_id>/edit/", alerts.alert_edit, name="alert_edit"),
+    path("alerts/<int:rule_id>/delete/", alerts.alert_delete, name="alert_delete"),
     path(
         "alerts/<int:rule_id>/<str:action>/",
         alerts.act,

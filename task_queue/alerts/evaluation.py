@@ -21,10 +21,13 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Value
+from django.db.models.functions import Greatest
 
 from task_queue import audit, registry
 from task_queue.models import (
     AlertDelivery,
+    AlertFiring,
     AlertKind,
     AlertNotification,
     AlertRule,
@@ -89,7 +92,8 @@ def _step(
     silenced = rule.silenced_until is not None and clock < rule.silenced_until
     told = _told(state)  # of the firing now ending, if it ends
     notify = None
-    if reading.holds and state.firing_since is None:
+    began = reading.holds and state.firing_since is None
+    if began:
         state.firing_since = clock
         notify = AlertNotification.State.FIRING
     elif reading.holds and not silenced and _reminder_due(rule, state, clock):
@@ -97,11 +101,12 @@ def _step(
     elif not reading.holds and state.firing_since is not None:
         notify = AlertNotification.State.RESOLVED
     started_at = state.firing_since
-    if notify == AlertNotification.State.RESOLVED:
+    resolved = notify == AlertNotification.State.RESOLVED
+    _record_firing(rule, state, reading, clock, began=began, resolved=resolved)
+    if resolved:
         state.firing_since = None
     # Sent: a firing or a reminder unless silenced; a resolve only of a firing people
     # were told of (silenced or not), never of one they were not.
-    resolved = notify == AlertNotification.State.RESOLVED
     send = notify is not None and (told if resolved else not silenced)
     if send:
         state.notified_at = clock
@@ -109,13 +114,42 @@ def _step(
         return None  # nothing changed: no write
     state.value = reading.value
     state.evaluated_at = clock
-    if notify == AlertNotification.State.RESOLVED and reading.workflow is not None:
+    if resolved and reading.workflow is not None:
         state.delete()  # a workflow escalates once: its state is done with
     else:
         state.save()
     if not send:
         return None
     return _notify(rule, reading, notify, started_at)
+
+
+def _record_firing(
+    rule: AlertRule,
+    state: AlertState,
+    reading: Reading,
+    clock: datetime,
+    *,
+    began: bool,
+    resolved: bool,
+) -> None:
+    """Keep the firings' history: one begins with the firing, ends with its resolve,
+    and keeps the highest reading in between."""
+    if began:
+        AlertFiring.objects.create(
+            rule=rule,
+            agent=reading.agent,
+            workflow_id=reading.workflow,
+            started_at=clock,
+            peak_value=reading.value,
+        )
+        return
+    firing = AlertFiring.objects.filter(
+        rule=rule, agent=reading.agent, workflow_id=reading.workflow, ended_at__isnull=True
+    )
+    if resolved:
+        firing.update(ended_at=clock, ended_by=AlertFiring.End.RESOLVED)
+    elif state.firing_since is not None and state.value != reading.value:
+        firing.update(peak_value=Greatest("peak_value", Value(reading.value)))
 
 
 def _told(state: AlertState) -> bool:

@@ -17,7 +17,14 @@ from django.db import transaction
 from django.db.models import QuerySet
 
 from task_queue import audit, registry
-from task_queue.models import AlertKind, AlertRule, AlertState, OperatorAction, Schedule
+from task_queue.models import (
+    AlertFiring,
+    AlertKind,
+    AlertRule,
+    AlertState,
+    OperatorAction,
+    Schedule,
+)
 from task_queue.sql import db, locks
 from task_queue.storable import text_problem
 from task_queue.unique_names import save_named
@@ -171,6 +178,9 @@ def redefine(rule: AlertRule, values: dict[str, Any]) -> None:
     or agent, it starts afresh: its states are dropped, with no resolve sent."""
     if not values["enabled"] or values["agent"] != rule.agent or values["kind"] != rule.kind:
         AlertState.objects.filter(rule=rule).delete()
+        AlertFiring.objects.filter(rule=rule, ended_at__isnull=True).update(
+            ended_at=db.database_clock(), ended_by=AlertFiring.End.RULE_CHANGED
+        )
     for field, value in values.items():
         setattr(rule, field, value)
     rule.updated_at = db.database_clock()

@@ -8,6 +8,7 @@ path goes through the named SQL in ``task_queue.sql``.
 from .alerts import (
     AlertDelivery,
     AlertDeliveryAttempt,
+    AlertFiring,
     AlertKind,
     AlertNotification,
     AlertRule,
@@ -63,6 +64,7 @@ __all__ = [
     "AgentLimits",
     "AlertDelivery",
     "AlertDeliveryAttempt",
+    "AlertFiring",
     "AlertKind",
     "AlertNotification",
     "AlertRule",

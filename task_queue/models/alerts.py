@@ -90,6 +90,41 @@ class AlertState(models.Model):
         return f"{self.rule_id}/{self.agent}: {'firing' if self.firing_since else 'ok'}"
 
 
+class AlertFiring(models.Model):
+    """One firing of a rule for an agent (or workflow), from when its condition began
+    to hold to when it stopped (``ended_at``; None while it fires): the alerts page's
+    history, kept whether or not anyone was told (a silenced rule fires too). Written
+    only by an evaluation, under its lock, and by a rule's change that drops its
+    states (``rules.redefine``)."""
+
+    class End(models.TextChoices):
+        RESOLVED = "resolved"  # the condition stopped holding
+        RULE_CHANGED = "rule_changed"  # disabled, or set to watch something else
+
+    rule = models.ForeignKey(AlertRule, on_delete=models.CASCADE, related_name="firings")
+    agent = models.TextField()
+    workflow_id = models.UUIDField(null=True, blank=True)
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True)
+    ended_by = models.TextField(choices=End.choices, null=True)
+    peak_value = models.FloatField(null=True)  # the highest reading while it fired
+
+    class Meta:
+        db_table = "alert_firings"
+        ordering = ["-started_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(  # one open firing per (rule, agent, workflow)
+                fields=["rule", "agent", "workflow_id"],
+                name="alert_firings_one_open",
+                condition=models.Q(ended_at__isnull=True),
+                nulls_distinct=False,
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.rule_id}/{self.agent} from {self.started_at}"
+
+
 class AlertNotification(models.Model):
     class State(models.TextChoices):
         FIRING = "firing"

@@ -60,8 +60,8 @@ class Workflow(models.Model):
     trace_id = models.TextField(null=True, blank=True)
     # Escalation (spec 001 §9, task_queue.escalation): the workflow escalates once
     # this many of its tasks are dead or failed, or when not completed at
-    # ``escalate_at`` (created + escalate_after_seconds, set by whoever creates it: the
-    # API; cleared once looked at).
+    # ``escalate_at`` (created + escalate_after_seconds, set by a trigger at insert,
+    # queue 0040; cleared once looked at).
     escalate_after_failures = models.PositiveIntegerField(null=True, blank=True)
     escalate_after_seconds = models.PositiveIntegerField(null=True, blank=True)
     escalate_at = models.DateTimeField(null=True, blank=True)
@@ -389,6 +389,7 @@ class WorkflowEscalationCheck(models.Model):
 
     class Meta:
         db_table = "workflow_escalation_checks"
+        indexes = [models.Index(fields=["workflow_id"], name="escalation_checks_workflow_idx")]
 
     def __str__(self) -> str:
         return f"check workflow {self.workflow_id}"

@@ -208,3 +208,19 @@ DELETE FROM alert_notifications n USING doomed WHERE n.id = doomed.id
 
 def prune_notifications(*, cutoff: datetime, batch: int) -> int:
     return execute(PRUNE_NOTIFICATIONS, {"cutoff": cutoff, "batch": batch})
+
+
+# Firings that ended before the cutoff (retention); one still firing stays.
+PRUNE_FIRINGS = """
+DELETE FROM alert_firings WHERE id IN (
+    SELECT id FROM alert_firings
+    WHERE ended_at < %(cutoff)s
+    ORDER BY ended_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+"""
+
+
+def prune_firings(*, cutoff: datetime, batch: int) -> int:
+    return execute(PRUNE_FIRINGS, {"cutoff": cutoff, "batch": batch})

@@ -14,35 +14,44 @@ from uuid import UUID
 
 from task_queue.sql.db import NOW, fetch
 
-# The workflows whose tasks failed since the last pass (their check rows taken, so
-# a second maintenance process takes others), locked in id order, and those of them
-# with at least their threshold of dead or failed tasks now. A failure committed after
-# this statement's snapshot has left a check row it does not see: the next pass's.
+# The workflows whose tasks failed since the last pass, and those of them with at
+# least their threshold of dead or failed tasks now. Check rows are taken with SKIP
+# LOCKED (a second maintenance process takes others), then their workflows locked in
+# id order, skipping one locked elsewhere (an operator's long transaction never holds
+# the loop up): its check rows stay for a later pass. Every check row of a workflow
+# locked here goes but one another process holds (one count per workflow, however
+# many of its tasks failed, and no process waits for another's rows). A failure
+# committed after this statement's snapshot has left a check row it does not see: the
+# next pass's.
 WORKFLOWS_OVER_THEIR_FAILURES = """
 WITH picked AS (
-    SELECT id FROM workflow_escalation_checks
+    SELECT id, workflow_id FROM workflow_escalation_checks
     ORDER BY id LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ),
-checked AS (
-    DELETE FROM workflow_escalation_checks c USING picked WHERE c.id = picked.id
-    RETURNING c.workflow_id
-),
-candidates AS (
-    SELECT w.id, w.escalate_after_failures AS threshold
+locked AS (
+    SELECT w.id, w.escalate_after_failures AS threshold,
+           w.escalation IS NULL AND w.cancelled_at IS NULL AS may_escalate
     FROM workflows w
-    WHERE w.id IN (SELECT workflow_id FROM checked)
-      AND w.escalation IS NULL AND w.cancelled_at IS NULL
+    WHERE w.id IN (SELECT workflow_id FROM picked)
     ORDER BY w.id
-    FOR UPDATE OF w
+    FOR UPDATE OF w SKIP LOCKED
+),
+checked AS (
+    DELETE FROM workflow_escalation_checks c
+    WHERE c.id IN (SELECT id FROM workflow_escalation_checks
+                   WHERE workflow_id IN (SELECT id FROM locked)
+                   FOR UPDATE SKIP LOCKED)
+       OR c.id IN (SELECT p.id FROM picked p  -- of a workflow deleted since
+                   WHERE NOT EXISTS (SELECT FROM workflows w WHERE w.id = p.workflow_id))
 )
 SELECT c.id, f.failures, c.threshold
-FROM candidates c
+FROM locked c
 CROSS JOIN LATERAL (
     SELECT count(*) AS failures FROM tasks t
     WHERE t.workflow_id = c.id AND t.status IN ('dead', 'failed')
 ) AS f
-WHERE f.failures >= c.threshold
+WHERE c.may_escalate AND f.failures >= c.threshold
 """
 
 # The workflows whose deadline (escalate_at) passed, the deadline cleared, and

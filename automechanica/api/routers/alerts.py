@@ -13,7 +13,7 @@ from ninja import Query, Router, Status
 from pydantic import Field
 
 from task_queue.alerts import channels, evaluation, rules
-from task_queue.models import AlertDelivery, AlertNotification, AlertRule
+from task_queue.models import AlertDelivery, AlertFiring, AlertNotification, AlertRule
 
 from ..agents import own, require_agent
 from ..alert_schemas import (
@@ -178,9 +178,23 @@ def list_alerts(request: HttpRequest, query: Query[RecentQuery]):
     latest: dict[tuple[int, str, UUID | None], AlertNotification] = {}
     for n in notifications.filter(wanted, state="firing").order_by("created_at", "id"):
         latest[(n.rule_id, n.agent, n.workflow_id)] = n
+    firings = own(request, AlertFiring.objects.select_related("rule"), "agent")
     return {
         "firing": [_notification_out(n) for n in latest.values()],
         "recent": [_notification_out(n) for n in notifications[: query.limit]],
+        "firings": [_firing_out(f) for f in firings[: query.limit]],
+    }
+
+
+def _firing_out(f: AlertFiring) -> dict[str, Any]:
+    return {
+        "rule": f.rule.name,
+        "agent": f.agent,
+        "workflow_id": _text(f.workflow_id),
+        "started_at": f.started_at,
+        "ended_at": f.ended_at,
+        "ended_by": f.ended_by,
+        "peak_value": f.peak_value,
     }
 
 

@@ -3,13 +3,11 @@ once escalated, cancel it."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Annotated, Any
 from uuid import UUID
 
 from django.db import transaction
-from django.db.models import Exists, Expression, OuterRef, QuerySet
-from django.db.models.functions import Now
+from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Router, Status
@@ -149,7 +147,6 @@ def create_workflow(request: HttpRequest, body: WorkflowCreate):
             trace_id=body.trace_id or (parent.trace_id if parent else None),
             escalate_after_failures=body.escalate_after_failures,
             escalate_after_seconds=body.escalate_after_seconds,
-            escalate_at=_deadline(body.escalate_after_seconds),
         )
         for index, task in enumerate(body.tasks):
             require_agent(request, f"tasks[{index}].agent_name", task.agent_name)
@@ -161,12 +158,6 @@ def create_workflow(request: HttpRequest, body: WorkflowCreate):
         results = operations.enqueue_many(specs, prefix="tasks")
     workflow.refresh_from_db()
     return Status(201, {**_out(request, [workflow])[0], "task_ids": [r.id for r in results]})
-
-
-def _deadline(seconds: int | None) -> Expression | None:
-    """When a workflow created now escalates if still running (by the database's clock,
-    which the maintenance loop compares it with)."""
-    return None if seconds is None else Now() + timedelta(seconds=seconds)
 
 
 @router.get("/workflows", auth=READ, response={200: WorkflowPage, **ERROR_RESPONSES})

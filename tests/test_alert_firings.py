@@ -1,0 +1,84 @@
+"""The history of firings (``alert_firings``): one row from when a rule begins to hold
+for an agent to when it resolves, with the highest reading in between; a silenced
+firing is kept too; a rule change that drops its states ends its open firings;
+retention forgets ended ones."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import IntegrityError, transaction
+
+from task_queue import operations, retention
+from task_queue.alerts import evaluation, rules
+from task_queue.models import AlertFiring, AlertKind, AlertRule
+from task_queue.sql import db
+from tests.support.queue import make_failed
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def dead_letter_rule(**options) -> AlertRule:
+    return AlertRule.objects.create(
+        name="dead", kind=AlertKind.DEAD_LETTER, agent="EchoAgent", threshold=1, **options
+    )
+
+
+def history() -> list[tuple[str, float, str | None]]:
+    return [
+        (f.agent, f.peak_value, f.ended_by)
+        for f in AlertFiring.objects.order_by("started_at", "id")
+    ]
+
+
+def test_a_firing_is_recorded_from_start_to_resolve_with_its_peak():
+    dead_letter_rule()
+    first = make_failed([{"n": 1}])
+    clock = db.database_clock()
+    evaluation.evaluate(now=clock)
+    second = make_failed([{"n": 2}])
+    evaluation.evaluate(now=clock + timedelta(seconds=5))  # 2 dead now: the peak
+    operations.revive(second, actor="test")
+    evaluation.evaluate(now=clock + timedelta(seconds=10))  # 1 again: still firing
+    assert history() == [("EchoAgent", 2.0, None)]
+    operations.revive(first, actor="test")
+    evaluation.evaluate(now=clock + timedelta(seconds=15))
+    [firing] = AlertFiring.objects.all()
+    assert (firing.started_at, firing.ended_at) == (clock, clock + timedelta(seconds=15))
+    assert history() == [("EchoAgent", 2.0, "resolved")]
+
+    make_failed([{"n": 3}])  # fires again (the two revived fail with it): a second row
+    evaluation.evaluate(now=clock + timedelta(seconds=20))
+    assert history() == [("EchoAgent", 2.0, "resolved"), ("EchoAgent", 3.0, None)]
+
+
+def test_a_silenced_firing_is_kept_and_a_rule_change_ends_it():
+    rule = dead_letter_rule(silenced_until=db.database_clock() + timedelta(hours=1))
+    make_failed([{"n": 1}])
+    assert evaluation.evaluate() == []  # silenced: nothing sent
+    assert history() == [("EchoAgent", 1.0, None)]
+    rules.update(rule.id, {"enabled": False}, actor="test", source="api")
+    assert history() == [("EchoAgent", 1.0, "rule_changed")]
+
+
+def test_one_open_firing_per_rule_and_agent_is_all_the_table_takes():
+    rule = dead_letter_rule()
+    clock = db.database_clock()
+    AlertFiring.objects.create(rule=rule, agent="EchoAgent", started_at=clock)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        AlertFiring.objects.create(rule=rule, agent="EchoAgent", started_at=clock)
+    AlertFiring.objects.update(ended_at=clock)
+    AlertFiring.objects.create(rule=rule, agent="EchoAgent", started_at=clock)  # ended: free
+
+
+def test_retention_forgets_ended_firings_only(settings):
+    settings.QUEUE_RETENTION_DAYS = 1
+    rule = dead_letter_rule()
+    clock = db.database_clock()
+    AlertFiring.objects.create(
+        rule=rule, agent="EchoAgent", started_at=clock, ended_at=clock, ended_by="resolved"
+    )
+    AlertFiring.objects.create(rule=rule, agent="FitmentAgent", started_at=clock)
+    assert retention.prune(now=clock + timedelta(days=2)).alert_firings == 1
+    assert list(AlertFiring.objects.values_list("agent", flat=True)) == ["FitmentAgent"]
