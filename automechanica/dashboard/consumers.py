@@ -78,6 +78,10 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if await self._still_allowed():
             await self.send(text_data=event[self.schedules_variant])
 
+    async def workflow_push(self, event: dict[str, Any]) -> None:
+        if await self._still_allowed():
+            await self.send(text_data=event[fragments.workflow_variant(self.can_resume)])
+
     async def html_push(self, event: dict[str, Any]) -> None:
         if await self._still_allowed():
             await self.send(text_data=event["message"])
@@ -118,6 +122,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         has_perm = database_sync_to_async(self.user.has_perm)
         self.can_pause = await has_perm("queue.pause_agent")
         self.can_limit = await has_perm(LIMIT_PERMISSION)
+        self.can_resume = await has_perm(fragments.RESUME_PERMISSION)
         self.schedules_variant = await database_sync_to_async(schedules.user_variant)(self.user)
 
     def _user_now(self) -> Any:

@@ -131,6 +131,31 @@ def workflow_context(workflow: Workflow) -> dict[str, Any]:
     }
 
 
-def render_workflow(workflow_id: UUID) -> str | None:
+# Who sees (and may press) an escalated workflow's Resume button.
+RESUME_PERMISSION = "workflows.change_workflow"
+
+
+def render_workflow(workflow_id: UUID, *, can_resume: bool) -> str | None:
     workflow = Workflow.objects.filter(id=workflow_id).first()
-    return render_to_string(WORKFLOW, workflow_context(workflow)) if workflow else None
+    if workflow is None:
+        return None
+    return render_to_string(WORKFLOW, {**workflow_context(workflow), "can_resume": can_resume})
+
+
+def render_workflow_variants(workflow_id: UUID) -> dict[str, str] | None:
+    """The workflow fragment with and without its Resume button (shown with
+    ``workflows.change_workflow``), from one reading: keyed by ``workflow_variant``."""
+    workflow = Workflow.objects.filter(id=workflow_id).first()
+    if workflow is None:
+        return None
+    context = workflow_context(workflow)
+    return {
+        workflow_variant(can_resume): render_to_string(
+            WORKFLOW, {**context, "can_resume": can_resume}
+        )
+        for can_resume in (True, False)
+    }
+
+
+def workflow_variant(can_resume: bool) -> str:
+    return f"resume{int(can_resume)}"

@@ -25,7 +25,6 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -113,6 +112,10 @@ class Hub:
                     if html:
                         message = html_message(html)
                         await layer.group_send(group, {"type": "html.push", "message": message})
+                for group, workflow_id in self._watched_workflows():
+                    variants = await database_sync_to_async(_render_workflow)(workflow_id)
+                    if variants:
+                        await layer.group_send(group, {"type": "workflow.push", **variants})
             except Exception:
                 logger.exception("live update failed; trying again in a second")
 
@@ -120,14 +123,13 @@ class Hub:
         """The watched pages that are re-rendered every tick (no notification says
         when a worker's heartbeat or a workflow's progress changed)."""
         every_tick = {WORKERS: fragments.render_workers, WORKFLOWS: fragments.render_workflows}
-        pages = []
-        for group in list(self.watchers):
-            if group in every_tick:
-                pages.append((group, every_tick[group]))
-            elif group.startswith("workflow."):
-                workflow_id = group.removeprefix("workflow.")
-                pages.append((group, partial(fragments.render_workflow, workflow_id)))
-        return pages
+        return [(group, every_tick[group]) for group in list(self.watchers) if group in every_tick]
+
+    def _watched_workflows(self) -> list[tuple[str, str]]:
+        """(group, workflow id) of each watched workflow page (re-rendered every tick,
+        in the variants of its Resume button)."""
+        prefix = workflow_group("")
+        return [(g, g.removeprefix(prefix)) for g in list(self.watchers) if g.startswith(prefix)]
 
     def _render_overview(self) -> dict[str, Any]:
         snapshot = take_snapshot()
@@ -173,6 +175,11 @@ class Hub:
         for group in changed_pages:
             if self.watchers[group]:
                 await layer.group_send(group, {"type": "task.changed"})
+
+
+def _render_workflow(workflow_id: str) -> dict[str, str] | None:
+    variants = fragments.render_workflow_variants(workflow_id)
+    return variants and {name: html_message(html) for name, html in variants.items()}
 
 
 def _render_schedules() -> dict[str, str]:

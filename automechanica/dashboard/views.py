@@ -46,7 +46,7 @@ PERMISSIONS = {
     "cancel": "queue.cancel_task",
     "pause": "queue.pause_agent",
     "resume": "queue.pause_agent",
-    "resume_workflow": "workflows.change_workflow",
+    "resume_workflow": fragments.RESUME_PERMISSION,
 }
 
 
@@ -342,7 +342,7 @@ def resume_workflow(request: HttpRequest, workflow_id: UUID) -> HttpResponse:
             status=409,
             content_type="text/plain; charset=utf-8",
         )
-    return HttpResponse(fragments.render_workflow(workflow_id))
+    return HttpResponse(fragments.render_workflow(workflow_id, can_resume=True))
 
 
 @staff_member_required
