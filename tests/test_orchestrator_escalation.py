@@ -9,7 +9,7 @@ import pytest
 from task_queue import escalation, operations
 from tests.support.api import token
 from tests.support.queue import complete_pending, fail_pending
-from tests.test_orchestrator import TWO_STEPS, next_events, tasks_of
+from tests.test_orchestrator import TWO_STEPS, StuckWorkflowApi, next_events, tasks_of
 from workflows.models import Workflow
 from workflows.orchestrator.client import ApiClient
 from workflows.orchestrator.definitions import parse
@@ -65,3 +65,14 @@ def test_an_escalated_workflow_is_held_back_until_resumed(live_servers, caplog):
         assert f"workflow {workflow}: resumed by an operator; driving it again" in caplog.messages
     finally:
         stream.close()
+
+
+def test_an_escalated_workflow_closed_or_cancelled_is_forgotten():
+    api = StuckWorkflowApi()
+    api.workflow["status"] = "escalated"
+    driver = Orchestrator(api)
+    assert driver.run_once() == 0
+    assert driver._escalated == {"wf-1"} and driver._escalation_logged == {"wf-1"}
+    api.open = False  # closed, or cancelled by an operator: no longer listed open
+    driver.run_once()
+    assert driver._escalated == set() and driver._escalation_logged == set()

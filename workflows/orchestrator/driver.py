@@ -182,8 +182,11 @@ class Orchestrator:
             seen.add(workflow["id"])
             self._note_status(workflow)
             created += self._drive_one(workflow, state) or 0
-        # Closed or cancelled workflows are no longer driven: forget what was reported.
+        # Closed or cancelled workflows are no longer driven: forget what was reported
+        # and what was heard of their escalation.
         self._stuck = {key: steps for key, steps in self._stuck.items() if key in seen}
+        self._escalated &= seen
+        self._escalation_logged &= seen
         return created
 
     def on_events(self, events: Iterable[dict[str, Any]]) -> int:
@@ -310,8 +313,11 @@ class Orchestrator:
         self._escalation_logged.discard(workflow_id)
 
     def _forget(self, workflow_id: str) -> None:
-        """A workflow no longer driven (closed or cancelled): its events are ignored."""
+        """A workflow no longer driven (closed or cancelled): its events are ignored,
+        and nothing is kept of its escalation."""
         self._workflows[workflow_id] = None
+        self._escalated.discard(workflow_id)
+        self._escalation_logged.discard(workflow_id)
 
     def _whole(self, item: dict[str, Any], kind: str, field: str) -> dict[str, Any]:
         """A list item with ``field``: a list leaves a large one out (``omitted``)."""
