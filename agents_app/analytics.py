@@ -224,7 +224,7 @@ def yesterday(now: datetime | None = None) -> date:
 
 
 def ready_to_report(payload: dict[str, Any], now: datetime) -> bool:
-    """The schedule guard (``task_queue.schedule_firing``) of the daily report: a
+    """The schedule guard (``task_queue.schedules.firing``) of the daily report: a
     report of yesterday (no ``day`` in the payload) waits until yesterday's day
     rollup exists, so it reads the stored rollup rather than the source tables."""
     if "day" in payload:

@@ -8,8 +8,10 @@ class AgentsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from task_queue import blob_collection, maintenance, schedule_firing
-        from task_queue import retention as queue_retention
+        from task_queue import maintenance
+        from task_queue.blobs import collection as blob_collection
+        from task_queue.maintenance import retention as queue_retention
+        from task_queue.schedules import firing as schedule_firing
         from task_queue.sql import outcomes as outcomes_sql
 
         from . import analytics, messaging, pubsub, retention

@@ -4,7 +4,7 @@ Both are written, with the task's history row, by the statement that completes a
 task. Their foreign keys have no database constraint: Django's are deferred, and
 checking four of them per task at commit cost the completion path about 80 % of its
 time (docs/architecture.md). The rows are inserted from the parent rows the same
-statement returns. Retention (task_queue.retention) deletes finished tasks before
+statement returns. Retention (task_queue.maintenance.retention) deletes finished tasks before
 their events, which are the agents' memory and kept longer: an event may then name a
 task that is gone, so readers treat ``task_id`` as a reference, not a join.
 """
@@ -65,7 +65,7 @@ class AgentEvent(models.Model):
                 ef_construction=64,
                 opclasses=["vector_cosine_ops"],
             ),
-            # The blob collector's reference checks (task_queue.blob_collection).
+            # The blob collector's reference checks (task_queue.blobs.collection).
             models.Index(
                 fields=["result_ref"],
                 condition=models.Q(result_ref__isnull=False),

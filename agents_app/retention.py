@@ -1,5 +1,5 @@
 """Retention of the agents' tables, as steps of the queue's retention pass
-(``task_queue.retention``: same batches, same lock, same schedule).
+(``task_queue.maintenance.retention``: same batches, same lock, same schedule).
 
 - agent events, with their embedding jobs, ``AGENT_EVENT_RETENTION_DAYS`` after they
   were written: they are the agents' memory, kept longer than tasks;

@@ -184,11 +184,11 @@ EMAIL_TIMEOUT = env_seconds(os.environ, "EMAIL_TIMEOUT", 10)
 # Alert notifications link to the dashboard at this address (the one people reach it
 # at, such as https://queue.example.com); empty: links are paths.
 ALERTS_BASE_URL = os.environ.get("ALERTS_BASE_URL", "")
-# Retention (task_queue.retention): completed and cancelled tasks and their history
+# Retention (task_queue.maintenance.retention): completed and cancelled tasks and their history
 # go this long after they finished; agent events (the agents' memory) after theirs.
 QUEUE_RETENTION_DAYS = float(os.environ.get("QUEUE_RETENTION_DAYS", 7))
 AGENT_EVENT_RETENTION_DAYS = float(os.environ.get("AGENT_EVENT_RETENTION_DAYS", 90))
-# Recurring schedules (task_queue.schedule_firing), fired by the maintenance loop.
+# Recurring schedules (task_queue.schedules.firing), fired by the maintenance loop.
 # Declared here: synced when a maintenance loop starts and marked as code (paused,
 # resumed or run now at run time, changed only here). Each entry: "cron" (read in
 # "timezone", default UTC) or "interval_seconds"; "agent_name", "task_type",
@@ -229,7 +229,7 @@ QUEUE_MAX_PAYLOAD_BYTES = int(os.environ.get("QUEUE_MAX_PAYLOAD_BYTES", 16 * 102
 # Payloads larger than this are stored content-addressed in the "payloads" storage
 # (task_queue.blobs); the row keeps the reference.
 PAYLOAD_BLOB_THRESHOLD_BYTES = int(os.environ.get("PAYLOAD_BLOB_THRESHOLD_BYTES", 64 * 1024))
-# A blob no row references is deleted (task_queue.blob_collection) once it is older
+# A blob no row references is deleted (task_queue.blobs.collection) once it is older
 # than this: never one written in the last hour.
 PAYLOAD_BLOB_GRACE_SECONDS = float(os.environ.get("PAYLOAD_BLOB_GRACE_SECONDS", 3600))
 STORAGES = {

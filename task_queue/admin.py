@@ -6,7 +6,7 @@ written to the audit log; the dashboard edits payloads the same way. Lists stay
 fast on a large table: newest first through ``tasks_created_idx``, filters offered
 from the agent registry rather than read with SELECT DISTINCT, and the row count of
 an unfiltered list from the running totals (``task_queue.stats``). Schedules have
-their own module (``task_queue.schedule_admin``).
+their own module (``task_queue.schedules.admin``).
 """
 
 from __future__ import annotations
@@ -23,15 +23,7 @@ from django.urls import reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
-from . import (
-    audit,
-    ids,
-    limits,
-    operations,
-    registry,
-    schedule_admin,  # noqa: F401 - registers the schedules' admin
-    stats,
-)
+from . import audit, ids, limits, operations, registry, stats
 from .models import (
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -48,6 +40,7 @@ from .models import (
     Worker,
     payload_text,
 )
+from .schedules import admin as schedule_admin  # noqa: F401 - registers the schedules' admin
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

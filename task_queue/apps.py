@@ -11,14 +11,16 @@ class TaskQueueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import maintenance_jobs, registry, tracing
+        from . import registry
+        from .maintenance import jobs as maintenance_jobs
         from .signals import require_pgvector
+        from .tracing import exporting
 
         # The agents live in higher layers (agents_app, or a deployment's own modules):
         # settings.AGENT_MODULES names them, and importing them registers them here.
         registry.load_agent_modules()
         maintenance_jobs.register()
         # Once per process: OpenTelemetry's hooks if OTEL_* asks for traces, else none.
-        tracing.setup()
+        exporting.setup()
 
         pre_migrate.connect(require_pgvector, sender=self, dispatch_uid="require_pgvector")

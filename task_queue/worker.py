@@ -15,7 +15,7 @@ Threads, and what each one does:
   agent's timeout;
 - the listener turns notifications into wake-ups (``notifications``);
 - with ``--dispatch``, the follower takes the broker's dispatch commands and claims
-  their tasks by id (``dispatch_follower``); the listener is then off, and the fetch
+  their tasks by id (``relay.follower``); the listener is then off, and the fetch
   loop claims by itself only at the poll interval, as the fallback for a lost command.
 """
 
@@ -27,9 +27,10 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 from uuid import UUID
 
 import psutil
@@ -37,10 +38,10 @@ from django.db import DatabaseError, connection
 
 from task_queue.sql import heartbeats, leasing
 
-from . import leases, reaper, registry, remote, task_logging, tracing
+from . import leases, registry, remote, task_logging, tracing
 from .claim_position import ClaimPosition
-from .dispatch_follower import DispatchSource, Follower
 from .execution import InFlight, StopReason, deadline_for, run_handler, timed_out
+from .maintenance import reaper
 from .models import WorkerState
 from .notifications import Listener
 from .outcomes import OutcomeWriter, log_outcome, release
@@ -62,7 +63,23 @@ class WorkerConfig:
     grace_seconds: float = 10.0
     burst: bool = False
     max_tasks: int | None = None
-    dispatch: DispatchSource | None = None  # a broker's dispatch commands to follow
+    # Follow a broker's dispatch commands (``runworker --dispatch``): makes the
+    # follower of this worker (``relay.follower.Follower``), which the engine itself
+    # never imports.
+    dispatch: Callable[[Worker], DispatchFollower] | None = None
+
+
+class DispatchFollower(Protocol):
+    """What the worker asks of the follower of a broker's dispatch commands."""
+
+    def start(self) -> None: ...
+
+    def slot_freed(self) -> None: ...
+
+    def settled(self, runs: Iterable[tuple[UUID, UUID]]) -> None:
+        """These runs' (task, lease token) outcomes are committed, or given back."""
+
+    def stop(self) -> None: ...
 
 
 class MonitorFailed(RuntimeError):
@@ -98,11 +115,7 @@ class Worker:
         self._stopping = threading.Event()
         self._monitor_stop = threading.Event()
         self._work: queue.SimpleQueue[InFlight | None] = queue.SimpleQueue()
-        self._follower = (
-            Follower(config.dispatch, self, config.agents, prefetch=config.concurrency)
-            if config.dispatch is not None
-            else None
-        )
+        self._follower = config.dispatch(self) if config.dispatch is not None else None
         self._writer = OutcomeWriter(
             self.id, now, written=self._wake, on_written=self._settled if self._follower else None
         )

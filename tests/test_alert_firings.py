@@ -10,8 +10,9 @@ from datetime import timedelta
 import pytest
 from django.db import IntegrityError, transaction
 
-from task_queue import operations, retention
+from task_queue import operations
 from task_queue.alerts import evaluation, rules
+from task_queue.maintenance import retention
 from task_queue.models import AlertFiring, AlertKind, AlertRule
 from task_queue.sql import db
 from tests.support.queue import make_failed

@@ -15,8 +15,9 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from task_queue import operations, reaper, retention, schedule_firing
+from task_queue import operations
 from task_queue.alerts import channels, delivery, evaluation, rules
+from task_queue.maintenance import reaper, retention
 from task_queue.models import (
     AlertDelivery,
     AlertKind,
@@ -24,6 +25,7 @@ from task_queue.models import (
     AlertRule,
     DeliveryStatus,
 )
+from task_queue.schedules import firing as schedule_firing
 from task_queue.sql import db
 from tests.support.queue import claim_and_start, complete_pending, fail_pending, make_failed
 from tests.support.receiver import webhook_receiver

@@ -10,7 +10,7 @@ from django.core.management.base import CommandError
 
 from task_queue import maintenance
 from task_queue.alerts import declared
-from task_queue.maintenance_jobs import evaluate_alerts
+from task_queue.maintenance.jobs import evaluate_alerts
 from task_queue.models import AlertRule, AlertState
 from tests.support.queue import make_failed
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from task_queue import schedule_firing
 from task_queue.models import OperatorAction, Priority, Schedule, Task
+from task_queue.schedules import firing as schedule_firing
 from tests.support.api import Api, field_names, token
 
 pytestmark = pytest.mark.django_db

@@ -13,7 +13,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agents_app import messaging
-from task_queue import blob_collection, blobs, operations
+from task_queue import blobs, operations
+from task_queue.blobs import collection as blob_collection
 from task_queue.models import Task
 from task_queue.sql import locks
 from tests.support.waiting import wait_for

@@ -14,8 +14,9 @@ from django.test import Client
 
 from agents_app.analytics import build_daily_report
 from agents_app.models import AgentEvent, DailyReport
-from task_queue import metrics, operations, schedule_firing
+from task_queue import metrics, operations
 from task_queue.models import RollupProgress, Schedule, Task, TaskQueueMetric, TaskStatus
+from task_queue.schedules import firing as schedule_firing
 from task_queue.sql import db
 from tests.support.history import T0, at, seed_day_and_week, seed_history, seed_week
 from tests.support.processes import run_manage

@@ -23,7 +23,8 @@ from django.db.models import Count
 from automechanica.api.listing import filter_tasks
 from automechanica.api.schemas import TaskFilters
 from automechanica.dashboard.deadletter import DeadLetterFilter, DeadLetterRows
-from task_queue import operations, retention
+from task_queue import operations
+from task_queue.maintenance import retention
 from task_queue.models import (
     REVIVABLE_STATUSES,
     DeadLetterEntry,

@@ -13,7 +13,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from task_queue import operations, reaper
+from task_queue import operations
+from task_queue.maintenance import reaper
 from task_queue.models import Task
 from task_queue.relay.dispatch_commands import Dispatch
 from task_queue.sql import outcomes as outcomes_sql

@@ -26,8 +26,9 @@ from agents_app.models import AgentEvent, EmbeddingJob
 from agents_app.sql import memory as memory_sql
 from agents_app.sql import messages as messages_sql
 from agents_app.sql import pubsub as pubsub_sql
-from task_queue import leases, operations, reaper
+from task_queue import leases, operations
 from task_queue.leases import Lease
+from task_queue.maintenance import reaper
 from task_queue.sql import db, leasing
 from task_queue.sql import outcomes as outcomes_sql
 

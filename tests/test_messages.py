@@ -15,7 +15,7 @@ from agents_app import messaging
 from agents_app.messaging import InvalidMessage, ack, receive, reply, send
 from agents_app.models import AgentMessage
 from agents_app.sql import messages as messages_sql
-from task_queue import retention
+from task_queue.maintenance import retention
 from tests.support.api import token
 from tests.support.readers import outputs, start_waiting_readers
 

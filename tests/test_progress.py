@@ -15,8 +15,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from task_queue import operations, reaper
+from task_queue import operations
 from task_queue.agent import PROGRESS_MESSAGE_MAX_CHARS, TaskContext
+from task_queue.maintenance import reaper
 from task_queue.models import Task, TaskStatus, Worker
 from task_queue.sql import heartbeats, leasing
 from tests.support.database import count_rows

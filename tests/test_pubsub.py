@@ -88,7 +88,7 @@ def test_a_late_subscriber_gets_only_later_publications_and_unsubscribing_drops_
 
 
 def test_expired_publications_leave_the_backlog():
-    from task_queue import retention
+    from task_queue.maintenance import retention
 
     subscribe("A", "all", "*")
     publication_id, deliveries = publish("FitmentAgent", "short.lived", ttl=60)

@@ -4,7 +4,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from task_queue import operations, reaper
+from task_queue import operations
+from task_queue.maintenance import reaper
 from task_queue.models import OutboxEvent, Task, TaskHistory, TaskStatus
 from task_queue.sql import heartbeats, leasing
 from task_queue.sql import outcomes as outcomes_sql

@@ -13,7 +13,8 @@ from datetime import timedelta
 import pytest
 
 from agents_app.models import AgentEvent, EmbeddingJob
-from task_queue import operations, reaper
+from task_queue import operations
+from task_queue.maintenance import reaper
 from task_queue.models import PausedAgent, Task, TaskHistory, Worker
 from task_queue.task_logging import TaskFields
 from tests.support.api import Api, field_names, token

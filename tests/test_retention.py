@@ -10,7 +10,8 @@ import pytest
 from django.db import connection
 
 from agents_app.models import AgentEvent, EmbeddingJob
-from task_queue import operations, retention
+from task_queue import operations
+from task_queue.maintenance import retention
 from task_queue.models import RetentionRun, Task, TaskHistory, TaskStatus
 from task_queue.sql import db
 from tests.support.queue import claim_and_start, complete_pending, fail_pending

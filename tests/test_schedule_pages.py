@@ -8,8 +8,9 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
-from task_queue import schedule_firing, schedules
+from task_queue import schedules
 from task_queue.models import OperatorAction, Schedule, Task
+from task_queue.schedules import firing as schedule_firing
 from tests.support.users import staff
 
 pytestmark = pytest.mark.django_db

@@ -13,8 +13,10 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 
-from task_queue import schedule_firing, schedule_times, schedules
+from task_queue import schedules
 from task_queue.models import OperatorAction, Schedule, ScheduleRun, Task
+from task_queue.schedules import firing as schedule_firing
+from task_queue.schedules import times as schedule_times
 from task_queue.sql import db
 from tests.support.waiting import wait_for
 

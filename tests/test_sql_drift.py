@@ -44,7 +44,7 @@ TABLES = re.compile(r"\b(?:FROM|UPDATE|INTO|JOIN)\s+(\w+)", re.IGNORECASE)
 
 
 def sql_modules() -> list[ModuleType]:
-    modules = [importlib.import_module("task_queue.bench_sql")]
+    modules = [importlib.import_module("task_queue.bench.sql")]
     for package in ("task_queue.sql", "agents_app.sql"):
         root = importlib.import_module(package)
         modules += [

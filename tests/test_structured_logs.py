@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from agents_app import memory
 from agents_app.models import AgentEvent, EmbeddingJob
-from task_queue import reaper, task_logging
+from task_queue import task_logging
+from task_queue.maintenance import reaper
 from task_queue.models import Task, TaskStatus
 from task_queue.operations import enqueue
 from task_queue.task_logging import TaskFields
@@ -203,7 +204,7 @@ def test_the_reapers_line_about_a_task_it_leaves_dead_is_an_error_with_its_field
     caplog.handler.addFilter(TaskFields())  # the filter settings.LOGGING gives its handler
     task_id = enqueue("EchoAgent", "echo", {}, trace_id="t-reaped", max_attempts=1).id
     claim_and_start("EchoAgent")
-    with caplog.at_level(logging.WARNING, logger="task_queue.reaper"):
+    with caplog.at_level(logging.WARNING, logger="task_queue.maintenance.reaper"):
         reaper.reap_expired_leases(now=timezone.now() + timedelta(hours=1))
     [line] = caplog.records
     assert (line.levelname, line.message) == ("ERROR", f"lease expired on task {task_id}: now dead")

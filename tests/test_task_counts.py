@@ -21,8 +21,9 @@ from django.db import connection, transaction
 from django.db.models import Count, F
 from django.test import Client
 
-from task_queue import operations, prometheus, retention, stats
+from task_queue import operations, prometheus, stats
 from task_queue.listen import listening
+from task_queue.maintenance import retention
 from task_queue.models import HISTOGRAM_BOUNDS, Task, TaskEvent, TaskHistory, TaskStatus
 from task_queue.operations import TaskSpec
 from task_queue.sql import counts, db

@@ -184,8 +184,9 @@ def test_a_relay_command_and_a_schedule_get_one():
     import json
     from datetime import timedelta
 
-    from task_queue import schedule_firing, schedules
+    from task_queue import schedules
     from task_queue.relay.commands import execute_command
+    from task_queue.schedules import firing as schedule_firing
 
     workflow = Workflow.objects.create(name="commanded")
     body = {"schema_version": "v1", "message_id": "m-1", "kind": "cmd.task.execute.v1",

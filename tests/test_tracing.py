@@ -12,6 +12,7 @@ import pytest
 
 from task_queue import tracing
 from task_queue.models import Task, Workflow
+from task_queue.tracing import exporting
 from tests.support.api import ECHO
 from tests.support.processes import run_python_without_otel
 
@@ -39,13 +40,13 @@ def test_traceparent_headers_are_parsed_and_invalid_ones_ignored():
 
 
 def test_traces_are_asked_for_by_an_exporter_or_an_endpoint():
-    assert not tracing.configured({})
-    assert not tracing.configured({"OTEL_SERVICE_NAME": "x"})
-    assert tracing.configured({"OTEL_TRACES_EXPORTER": "otlp"})
-    assert tracing.configured({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})
-    assert tracing.configured({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"})
-    assert not tracing.configured({"OTEL_TRACES_EXPORTER": "none"})
-    assert not tracing.configured({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"})
+    assert not exporting.configured({})
+    assert not exporting.configured({"OTEL_SERVICE_NAME": "x"})
+    assert exporting.configured({"OTEL_TRACES_EXPORTER": "otlp"})
+    assert exporting.configured({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})
+    assert exporting.configured({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"})
+    assert not exporting.configured({"OTEL_TRACES_EXPORTER": "none"})
+    assert not exporting.configured({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"})
 
 
 @pytest.mark.django_db

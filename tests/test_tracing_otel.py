@@ -24,9 +24,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 )
 from opentelemetry.trace import SpanKind, StatusCode
 
-from task_queue import operations, tracing
+from task_queue import operations
 from task_queue.models import Task, TaskStatus
-from task_queue.tracing_otel import otel_trace_id, stand_in_root
+from task_queue.tracing import exporting
+from task_queue.tracing.otel import otel_trace_id, stand_in_root
 from task_queue.worker import Worker, WorkerConfig
 from tests.support.api import ECHO
 from tests.support.processes import manage_env, run_manage, run_python_without_otel
@@ -42,10 +43,10 @@ def spans():
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    assert tracing.setup(provider)
+    assert exporting.setup(provider)
     exporter.provider = provider
     yield exporter
-    tracing.disable()
+    exporting.disable()
     provider.shutdown()
 
 
@@ -121,9 +122,9 @@ def test_tasks_whose_trace_no_enqueue_span_is_in_link_to_it(spans):
     task's trace is its id (or its workflow's): their spans share a stand-in root in
     the task's trace and link to the enqueue span. A trace id that is not 32 hex
     digits is hashed into one. A task enqueued with tracing off has no link."""
-    tracing.disable()
+    exporting.disable()
     untraced = operations.enqueue("EchoAgent", "echo").id
-    tracing.setup(spans.provider)
+    exporting.setup(spans.provider)
     alone = operations.enqueue("EchoAgent", "echo").id
     named_trace = operations.enqueue("EchoAgent", "echo", trace_id="wf-run-1").id
     run_worker()

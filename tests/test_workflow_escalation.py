@@ -10,8 +10,9 @@ import psycopg
 import pytest
 from django.db import connection
 
-from task_queue import escalation, operations, retention
+from task_queue import escalation, operations
 from task_queue.alerts import evaluation
+from task_queue.maintenance import retention
 from task_queue.models import (
     AlertKind,
     AlertRule,

@@ -76,7 +76,7 @@ class Workflow(models.Model):
         db_table = "workflows"
         ordering = ["-created_at", "-id"]
         indexes = [
-            # The blob collector's reference check (task_queue.blob_collection).
+            # The blob collector's reference check (task_queue.blobs.collection).
             models.Index(
                 fields=["metadata_ref"],
                 condition=models.Q(metadata_ref__isnull=False),

@@ -14,10 +14,10 @@ import nats
 from nats.js.api import ConsumerConfig, StreamConfig
 from nats.js.errors import NotFoundError
 
-from task_queue.dispatch_follower import Delivery
 from task_queue.event_stream import Envelope
 from task_queue.relay.commands import dead_letter_body
 from task_queue.relay.dispatch_commands import Dispatch, kind_for
+from task_queue.relay.follower import Delivery
 from task_queue.relay.names import COMMAND_KIND, Names, subject_for
 
 # JetStream drops a message whose Nats-Msg-Id it stored within this window, so a

@@ -14,10 +14,10 @@ from collections.abc import Awaitable, Callable, Sequence
 import aio_pika
 import aiormq
 
-from task_queue.dispatch_follower import Delivery
 from task_queue.event_stream import Envelope
 from task_queue.relay.commands import dead_letter_body
 from task_queue.relay.dispatch_commands import Dispatch, kind_for, queue_for, routing_key_for
+from task_queue.relay.follower import Delivery
 from task_queue.relay.names import COMMAND_KIND, Names, subject_for
 
 PREFETCH = 8

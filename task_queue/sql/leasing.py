@@ -29,7 +29,7 @@ from task_queue.sql.db import (
 )
 
 # Tasks are leased to a worker (lease_owner: its id) while leased or running;
-# the reaper (task_queue.reaper) recovers expired leases.
+# the reaper (task_queue.maintenance.reaper) recovers expired leases.
 TASK_LEASE = Lease(
     table="tasks",
     token="lease_token",

@@ -24,7 +24,7 @@ EMBEDDING_RECOVERY = 0x656D6264  # "embd"
 MESSAGE_RECOVERY = 0x6D736773  # "msgs"
 DELIVERY_RECOVERY = 0x646C7672  # "dlvr"
 # One process at a time: syncing the schedules declared in settings
-# (task_queue.schedule_firing), so two starting maintenance loops make each row once.
+# (task_queue.schedules.firing), so two starting maintenance loops make each row once.
 SCHEDULE_SYNC = 0x73636864  # "schd"
 # One process at a time: syncing the alert rules declared in settings
 # (task_queue.alerts.declared).
@@ -34,7 +34,7 @@ ALERT_RULE_SYNC = 0x616C7379  # "alsy"
 ALERTS = 0x616C7274  # "alrt"
 # One process at a time: recovery of alert deliveries whose sender died mid-send.
 ALERT_DELIVERY_RECOVERY = 0x616C6476  # "aldv"
-# Per blob (task_queue.blobs, task_queue.blob_collection): shared by every transaction
+# Per blob (task_queue.blobs, task_queue.blobs.collection): shared by every transaction
 # about to reference the blob, taken exclusively by the collector before it checks
 # the blob's references and deletes it. A key pair: this namespace and the first 32
 # bits of the blob's SHA-256 (two blobs sharing the bits only share a lock).

@@ -1,5 +1,5 @@
 """Retention of the queue's tables: finished tasks and workflows, heartbeat counts,
-minute rollups (``task_queue.retention`` runs them).
+minute rollups (``task_queue.maintenance.retention`` runs them).
 """
 
 from __future__ import annotations

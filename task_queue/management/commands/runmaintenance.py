@@ -1,7 +1,7 @@
 """``manage.py runmaintenance``: the registered maintenance jobs, on a timer, until SIGTERM.
 
 Each pass runs every job apps registered with ``task_queue.maintenance``: the queue's
-own (``task_queue.maintenance_jobs``: the lease reaper, metric rollups, the event
+own (``task_queue.maintenance.jobs``: the lease reaper, metric rollups, the event
 stream's positions and retention) and those of the apps above it, such as the
 AnalyticsAgent's daily report (``agents_app``). Each job runs in one process at a
 time across the cluster, by advisory lock.

@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -13,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from task_queue import registry
 from task_queue.relay.brokers import BrokerURLError, broker_module
+from task_queue.relay.follower import Follower
 from task_queue.relay.names import NAMESPACE, Names
 from task_queue.worker import MonitorFailed, Worker, WorkerConfig
 
@@ -103,7 +105,10 @@ class Command(BaseCommand):
                 broker = broker_module(options["dispatch"], "--dispatch")
             except BrokerURLError as error:
                 raise CommandError(str(error)) from None
-            dispatch = broker.DispatchSource(options["dispatch"], Names(options["namespace"]))
+            source = broker.DispatchSource(options["dispatch"], Names(options["namespace"]))
+            dispatch = partial(
+                Follower, source, agents=options["agents"], prefetch=options["concurrency"]
+            )
         worker = Worker(
             WorkerConfig(
                 agents=options["agents"],

@@ -17,7 +17,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection, transaction
 
-from task_queue import bench_sql, registry
+from task_queue import registry
+from task_queue.bench import sql as bench_sql
 from task_queue.models import Task
 
 BATCH = 100_000

@@ -39,8 +39,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from automechanica.api.models import Scope
 from automechanica.api.tokens import create_token
-from task_queue import bench_sql
 from task_queue.bench import machine_facts
+from task_queue.bench import sql as bench_sql
 from task_queue.operations import TaskSpec, enqueue_many
 
 MODES = ("api", "api-minimal", "cli", "python")

@@ -2,10 +2,10 @@
 
 The queue calls the hooks of :data:`active` at four places: around an enqueue
 (``operations.enqueue_many``), around a worker's claim statement, and before and after
-each handler. Until :func:`setup` finds OpenTelemetry installed and configured, they
-are :class:`NoTracing`'s: no span, no ``opentelemetry`` import, a method call that
-returns at once (per claim batch and per task). :func:`setup` runs once per process,
-when the queue app is ready, and swaps in ``task_queue.tracing_otel``'s hooks.
+each handler. Until ``exporting.setup`` finds OpenTelemetry installed and configured,
+they are :class:`NoTracing`'s: no span, no ``opentelemetry`` import, a method call
+that returns at once (per claim batch and per task). ``exporting.setup`` runs once per
+process, when the queue app is ready, and swaps in ``task_queue.tracing.otel``'s hooks.
 
 W3C ``traceparent`` headers are read here, without OpenTelemetry: a request that
 carries one gives its trace to the tasks that name none, whether or not this process
@@ -15,9 +15,7 @@ exports spans.
 from __future__ import annotations
 
 import logging
-import os
 import re
-import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
@@ -125,56 +123,5 @@ class NoTracing:
 
 
 NO_TRACING = NoTracing()
-# The hooks in effect: NO_TRACING until setup() enables OpenTelemetry.
+# The hooks in effect: NO_TRACING until exporting.setup() enables OpenTelemetry.
 active: NoTracing = NO_TRACING
-
-_EXPORTER_SETTINGS = (
-    "OTEL_TRACES_EXPORTER",
-    "OTEL_EXPORTER_OTLP_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-)
-
-
-def configured(environ: dict[str, str] | os._Environ = os.environ) -> bool:
-    """Whether the environment asks for traces: an exporter or an OTLP endpoint named
-    (``OTEL_TRACES_EXPORTER=none`` and ``OTEL_SDK_DISABLED=true`` say no)."""
-    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return False
-    exporters = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    if exporters == "none":
-        return False
-    return any(environ.get(name, "").strip() for name in _EXPORTER_SETTINGS)
-
-
-def provider_installed() -> bool:
-    """Whether this process's own code installed a TracerProvider before the apps
-    loaded (``opentelemetry-instrument``, a deployment's settings): looked up only if
-    OpenTelemetry is imported already, so as not to import it."""
-    api = sys.modules.get("opentelemetry.trace")
-    return api is not None and not isinstance(api.get_tracer_provider(), api.ProxyTracerProvider)
-
-
-def setup(provider: Any = None) -> bool:
-    """Choose the hooks, once per process (``task_queue.apps``): OpenTelemetry's when
-    the environment configures it (:func:`configured`) or a TracerProvider is
-    installed already, and the ``otel`` extra is installed; else none. ``provider``:
-    a TracerProvider to use instead (tests pass one with an in-memory exporter).
-    True when enabled."""
-    global active
-    if provider is None and not configured() and not provider_installed():
-        active = NO_TRACING
-        return False
-    try:
-        from task_queue import tracing_otel
-    except ImportError as error:
-        logger.warning("OTEL_* asks for traces but OpenTelemetry is not installed (%s)", error)
-        active = NO_TRACING
-        return False
-    active = tracing_otel.OtelTracing(provider)
-    return True
-
-
-def disable() -> None:
-    """Back to no hooks (tests, after :func:`setup` with a provider)."""
-    global active
-    active = NO_TRACING

@@ -29,11 +29,10 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 
+from task_queue.models import RetentionRun
 from task_queue.sql import alerts as alerts_sql
 from task_queue.sql import db, locks, outbox
 from task_queue.sql import retention as retention_sql
-
-from .models import RetentionRun
 
 logger = logging.getLogger(__name__)
 

@@ -29,9 +29,11 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
-from . import operations, schedule_times, schedules
-from .models import Schedule
-from .sql import db, locks
+from task_queue import operations, schedules
+from task_queue.models import Schedule
+from task_queue.sql import db, locks
+
+from . import times
 
 logger = logging.getLogger(__name__)
 
@@ -69,9 +71,7 @@ def _fire(schedule_id: int, clock: datetime) -> bool:
         guard = _guards.get((schedule.agent_name, schedule.task_type))
         if guard is not None and not guard(schedule.payload, clock):
             return False
-        slot = schedule_times.latest_slot(
-            schedule.cron, schedule.interval_seconds, schedule.timezone, clock
-        )
+        slot = times.latest_slot(schedule.cron, schedule.interval_seconds, schedule.timezone, clock)
         grace = timedelta(seconds=settings.QUEUE_SCHEDULE_GRACE_SECONDS)
         on_time = slot == schedule.next_run_at and clock - slot <= grace
         fired = on_time or schedule.missed == Schedule.Missed.RUN_ONCE

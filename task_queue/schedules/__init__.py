@@ -1,8 +1,8 @@
 """Recurring schedules: writing them (checked like the tasks they will enqueue) and
 the operator actions on them, each written to the audit log in its transaction.
 
-Firing them is ``task_queue.schedule_firing``; when slots fall is
-``task_queue.schedule_times``.
+Firing them is ``task_queue.schedules.firing``; when slots fall is
+``task_queue.schedules.times``.
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ from uuid import UUID
 
 from django.db import transaction
 
-from . import audit, operations, schedule_times, task_specs
-from .models import OperatorAction, Priority, Schedule, ScheduleRun
-from .sql import db
-from .storable import text_problem
-from .unique_names import save_named
+from task_queue import audit, operations, task_specs
+from task_queue.models import OperatorAction, Priority, Schedule, ScheduleRun
+from task_queue.sql import db
+from task_queue.storable import text_problem
+from task_queue.unique_names import save_named
+
+from . import times
 
 Kind = OperatorAction.Kind
 # The idempotency key ``schedule:<name>:<slot>`` must stay within the queue's key limit.
@@ -73,8 +75,8 @@ def validated(values: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME_LENGTH or text_problem(name):
         raise InvalidSchedule("name", f"must be text of 1 to {MAX_NAME_LENGTH} characters")
     try:
-        schedule_times.check(values["cron"], values["interval_seconds"], values["timezone"])
-    except schedule_times.BadTiming as error:
+        times.check(values["cron"], values["interval_seconds"], values["timezone"])
+    except times.BadTiming as error:
         raise InvalidSchedule(error.field, error.message) from None
     if values["missed"] not in Schedule.Missed.values:
         raise InvalidSchedule("missed", f"must be one of {', '.join(Schedule.Missed.values)}")
@@ -105,9 +107,7 @@ def task_spec(schedule: Schedule, key: str) -> operations.TaskSpec:
 
 
 def next_slot(schedule: Schedule, after: datetime) -> datetime:
-    return schedule_times.next_slot(
-        schedule.cron, schedule.interval_seconds, schedule.timezone, after
-    )
+    return times.next_slot(schedule.cron, schedule.interval_seconds, schedule.timezone, after)
 
 
 def create(values: dict[str, Any], *, actor: str, source: str) -> Schedule:

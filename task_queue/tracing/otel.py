@@ -1,5 +1,5 @@
 """The hooks of ``task_queue.tracing`` with OpenTelemetry on: imported only by
-``tracing.setup`` when the environment asks for traces (docs/tracing.md).
+``tracing.exporting.setup`` when the environment asks for traces (docs/tracing.md).
 
 Each task's spans belong to the OpenTelemetry trace of its ``trace_id``: the id
 itself when it is 32 lowercase hex digits (a W3C trace-id, as generated ones are),

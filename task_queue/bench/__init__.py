@@ -42,11 +42,10 @@ import psutil
 from django.conf import settings
 from django.db import connection, transaction
 
-from task_queue import bench_sql
-from task_queue.models import Workflow
+from task_queue.models import Worker, Workflow
+from task_queue.operations import TaskSpec, enqueue, enqueue_many
 
-from .models import Worker
-from .operations import TaskSpec, enqueue, enqueue_many
+from . import sql as bench_sql
 
 ENQUEUE_CHUNK = 1000
 # How often the benchmark checks whether the workers are done. Each check is a

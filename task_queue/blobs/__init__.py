@@ -13,7 +13,7 @@ worker records as that task's failure; a storage that fails to answer,
 :class:`PayloadBlobUnavailable`, a retried failure.
 
 Blobs no row references any more are deleted by the maintenance loop
-(``task_queue.blob_collection``), once older than ``PAYLOAD_BLOB_GRACE_SECONDS``.
+(``task_queue.blobs.collection``), once older than ``PAYLOAD_BLOB_GRACE_SECONDS``.
 What makes that safe against a transaction about to reference a blob: such a
 transaction writes (or finds) the blob only through :func:`offload` or
 :func:`keep`, which first take the blob's advisory lock *shared*

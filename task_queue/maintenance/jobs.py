@@ -7,10 +7,10 @@
   reaper (whose dead tasks count);
 - the metric rollups of the buckets that closed (``task_queue.metrics``);
 - once a minute, positions for the event stream's new events, then retention
-  (``task_queue.retention``);
+  (``task_queue.maintenance.retention``);
 - every ten minutes, the blobs no row references any more
-  (``task_queue.blob_collection``);
-- at every pass, the recurring schedules' due slots (``task_queue.schedule_firing``),
+  (``task_queue.blobs.collection``);
+- at every pass, the recurring schedules' due slots (``task_queue.schedules.firing``),
   after the rollups (the daily report's guard reads them);
 - every ``QUEUE_ALERTS_EVALUATE_SECONDS``, the alert rules (those declared in
   settings synced first), and at every pass their
@@ -27,19 +27,12 @@ import logging
 
 from django.conf import settings
 
+from task_queue import alerts, escalation, event_stream, maintenance, metrics
+from task_queue.blobs import collection as blob_collection
+from task_queue.schedules import firing as schedule_firing
 from task_queue.sql import counts
 
-from . import (
-    alerts,
-    blob_collection,
-    escalation,
-    event_stream,
-    maintenance,
-    metrics,
-    reaper,
-    retention,
-    schedule_firing,
-)
+from . import reaper, retention
 
 logger = logging.getLogger(__name__)
 

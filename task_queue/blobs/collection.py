@@ -34,10 +34,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from task_queue import blobs
 from task_queue.sql import blobs as blobs_sql
 from task_queue.sql import locks
-
-from . import blobs
 
 EVERY_SECONDS = 600.0  # the maintenance loop collects this often
 BATCH = 200  # blobs locked, checked and deleted in one transaction

@@ -12,8 +12,8 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from . import audit, schedules
-from .models import Schedule, ScheduleRun
+from task_queue import audit, schedules
+from task_queue.models import Schedule, ScheduleRun
 
 # What the form edits (the admin's own form class has its read-only fields too).
 EDITED = ["name", *schedules.DEFINITION, "enabled"]
