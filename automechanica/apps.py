@@ -11,5 +11,7 @@ class AutomechanicaConfig(AppConfig):
     def ready(self) -> None:
         from .checks import message_max_deliveries, metrics_allowed_networks
 
-        checks.register(metrics_allowed_networks)
-        checks.register(message_max_deliveries)
+        # Tagged: the commands that skip the URL checks run the checks by tag
+        # (task_queue.management.checks).
+        checks.register(metrics_allowed_networks, "settings")
+        checks.register(message_max_deliveries, "settings")

@@ -5,6 +5,7 @@ Only fixtures live here; the helpers they and the tests use are in tests/support
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,7 +26,41 @@ from tests.support.waiting import wait_for
 SLOW_FIXTURES = frozenset({"worker_processes", "live_servers", "browser"})
 
 
+# The longest files (about a minute each here; `--durations` lists their tests): run
+# first, so that no test process is left with one of them at the end.
+LONGEST_FILES = (
+    "test_api_live.py",
+    "test_shutdown.py",
+    "test_faults.py",
+    "test_dashboard_browser.py",
+    "test_embedded_postgres.py",
+    "test_docs_examples.py",
+)
+
+
+def _longest_files_first(items: list[pytest.Item]) -> None:
+    """The longest files first, then those with slow tests, then the rest (the order
+    within each file kept): the test processes take a file at a time, so the long ones
+    start early and the quick ones fill the end."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+
+    def rank(item: pytest.Item) -> int:
+        if item.path.name in LONGEST_FILES:
+            return LONGEST_FILES.index(item.path.name)
+        return len(LONGEST_FILES) + (item.path not in slow_files)
+
+    items.sort(key=rank)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one test process more than cores. Most of the suite's time is spent
+    waiting on the processes, servers, browsers and database it starts, so a process
+    per core leaves the cores idle a third of the time."""
+    return (os.cpu_count() or 1) + 1
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _longest_files_first(items)
     unmarked = [
         item.nodeid
         for item in items

@@ -10,10 +10,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from agents_app.embeddings import embed
 from agents_app.memory import LEASE_SECONDS, run_embedder
+from task_queue.management.checks import ChecksWithoutUrls
 from task_queue.stop_signals import StopSignals
 
 
-class Command(BaseCommand):
+class Command(ChecksWithoutUrls, BaseCommand):
     help = "Consume embedding_jobs: embed each agent event's text into agent memory."
 
     def add_arguments(self, parser: CommandParser) -> None:

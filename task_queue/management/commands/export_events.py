@@ -9,10 +9,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.dateparse import parse_datetime
 
 from task_queue.event_export import Exported, export, resume_position
+from task_queue.management.checks import ChecksWithoutUrls
 from task_queue.stop_signals import StopSignals
 
 
-class Command(BaseCommand):
+class Command(ChecksWithoutUrls, BaseCommand):
     help = (
         "Write the event stream as JSON lines, in order. With --output, a rerun appends "
         "after the file's last event: no repeats, no gaps. --follow waits for new "

@@ -9,6 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from task_queue.management.checks import ChecksWithoutUrls
 from task_queue.relay.brokers import BrokerURLError, broker_module
 from task_queue.relay.dispatcher import Dispatcher
 from task_queue.relay.loop import BrokerUnavailable, Relay, RelayBusy
@@ -24,7 +25,7 @@ MAX_BATCH = 2000
 DESTINATION_VARIABLE = "AUTOMECHANICA_RELAY_TO"
 
 
-class Command(BaseCommand):
+class Command(ChecksWithoutUrls, BaseCommand):
     help = (
         "Publish the event stream to NATS JetStream or RabbitMQ in order, with publisher "
         "confirms, resuming where the last run stopped. --consume-commands also turns "

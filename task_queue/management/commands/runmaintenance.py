@@ -18,12 +18,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections
 
 from task_queue import maintenance
+from task_queue.management.checks import ChecksWithoutUrls
 from task_queue.stop_signals import StopSignals
 
 logger = logging.getLogger(__name__)
 
 
-class Command(BaseCommand):
+class Command(ChecksWithoutUrls, BaseCommand):
     help = (
         "Run the queue's maintenance (lease reaper, stale workers, metric rollups, "
         "retention, and the jobs apps register) every few seconds."

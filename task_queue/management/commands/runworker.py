@@ -13,6 +13,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from task_queue import registry
+from task_queue.management.checks import ChecksWithoutUrls
 from task_queue.relay.brokers import BrokerURLError, broker_module
 from task_queue.relay.follower import Follower
 from task_queue.relay.names import NAMESPACE, Names
@@ -32,7 +33,7 @@ def _positive_float(value: str) -> float:
     return number
 
 
-class Command(BaseCommand):
+class Command(ChecksWithoutUrls, BaseCommand):
     help = (
         "Run a worker for the named agents. SIGTERM/SIGINT stop it gracefully (in-flight "
         "tasks get the grace period, the rest are released); a second signal gives every "

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from task_queue.management.checks import ChecksWithoutUrls
 from task_queue.stop_signals import StopSignals
 from workflows.orchestrator.client import TOKEN_VARIABLE, ApiClient, ApiError
 from workflows.orchestrator.definitions import Definition, DefinitionError, load_all
@@ -29,7 +30,7 @@ RECONNECT_SECONDS = 10.0
 FIRST_RECONNECT_SECONDS = 0.5
 
 
-class Command(BaseCommand):
+class Command(ChecksWithoutUrls, BaseCommand):
     help = (
         "Drive workflow definitions through the HTTP API: enqueue each step when the "
         "steps it depends on complete. Stateless: restart it at any time."
