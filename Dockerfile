@@ -11,6 +11,7 @@ COPY . .
 # Not root; var/ holds the payload blobs (a volume shared by every app service).
 RUN useradd --system --uid 10001 automechanica \
     && mkdir -p /app/var/blobs && chown -R automechanica /app/var
-USER automechanica
+# By number (hadolint DL3066): a runtime that cannot read /etc/passwd knows it is not root.
+USER 10001
 ENV PATH="/app/.venv/bin:$PATH" PYTHONUNBUFFERED=1
 CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "-v", "0", "automechanica.asgi:application"]

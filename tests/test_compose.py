@@ -134,6 +134,8 @@ def test_daphne_is_reached_only_through_a_proxy_with_the_body_limit(compose):
     assert limit == settings.API_MAX_REQUEST_BYTES
     assert re.search(r"proxy_set_header\s+X-Forwarded-Proto\s+\$scheme;", config)
     assert re.search(r"proxy_set_header\s+Upgrade\s+\$http_upgrade;", config)
+    # The port stays in the Host (a login's Origin is checked against it).
+    assert re.search(r"proxy_set_header\s+Host\s+\$http_host;", config)
 
 
 def test_the_image_installs_exactly_the_lock():
