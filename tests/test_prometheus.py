@@ -170,6 +170,7 @@ def test_each_kind_of_history_row_adds_what_the_rules_say(row, adds):
     assert found == expected
 
 
+@pytest.mark.slow  # each pass migrates back past queue 0029 and forward again
 def test_the_counters_start_where_the_rollups_and_their_tail_stood():
     """Migration queue 0029 fills the counters from the stored rollups plus what came
     after them: whatever the rollups had reached, a scrape after the migration shows
