@@ -1,19 +1,21 @@
 """The history of firings (``alert_firings``): one row from when a rule begins to hold
 for an agent to when it resolves, with the highest reading in between; a silenced
 firing is kept too; a rule change that drops its states ends its open firings;
-retention forgets ended ones."""
+retention forgets ended ones; the firings under way when queue 0040 runs get their
+open row."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
 import pytest
+from django.core.management import call_command
 from django.db import IntegrityError, transaction
 
 from task_queue import operations
 from task_queue.alerts import evaluation, rules
 from task_queue.maintenance import retention
-from task_queue.models import AlertFiring, AlertKind, AlertRule
+from task_queue.models import AlertFiring, AlertKind, AlertRule, AlertState
 from task_queue.sql import db
 from tests.support.queue import make_failed
 
@@ -83,3 +85,19 @@ def test_retention_forgets_ended_firings_only(settings):
     AlertFiring.objects.create(rule=rule, agent="FitmentAgent", started_at=clock)
     assert retention.prune(now=clock + timedelta(days=2)).alert_firings == 1
     assert list(AlertFiring.objects.values_list("agent", flat=True)) == ["FitmentAgent"]
+
+
+def test_the_firings_under_way_when_migrated_get_their_open_row():
+    rule = dead_letter_rule()
+    clock = db.database_clock()
+    AlertState.objects.create(
+        rule=rule, agent="EchoAgent", value=3, firing_since=clock, evaluated_at=clock
+    )
+    AlertState.objects.create(rule=rule, agent="FitmentAgent", value=0, evaluated_at=clock)
+    try:
+        call_command("migrate", "queue", "0039", verbosity=0)
+        call_command("migrate", "queue", "0040", verbosity=0)
+        assert history() == [("EchoAgent", 3.0, None)]
+        assert AlertFiring.objects.get().started_at == clock
+    finally:
+        call_command("migrate", verbosity=0)

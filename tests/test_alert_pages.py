@@ -75,6 +75,12 @@ def test_an_operator_creates_changes_and_deletes_a_rule_audited():
         ("channels", "[{", "channels"),
         ("channels", '[{"type": "webhook", "url": "ftp://x"}]', "channels"),
         ("channels", "[" * 5000 + "]" * 5000, "channels"),
+        ("channels", "[" + "1" * 5000 + "]", "channels"),  # over Python's digit limit
+        (
+            "channels",
+            '[{"type": "webhook", "url": "https://e.com", "secret": "a\\u0000"}]',
+            "channels",
+        ),
     ],
 )
 def test_a_refused_rule_is_shown_on_its_field_with_nothing_written(field, value, error):

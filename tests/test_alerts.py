@@ -272,6 +272,8 @@ def test_slack_text_is_escaped_so_a_name_cannot_ping_or_link():
         ([{"type": "webhook", "url": "ftp://example.com/x"}], "channels[0].url"),
         ([{"type": "webhook", "url": "http:///no-host"}], "channels[0].url"),
         ([{"type": "webhook", "url": "https://e.com", "secret": ""}], "channels[0].secret"),
+        ([{"type": "webhook", "url": "https://e.com", "secret": "a\x00b"}], "channels[0].secret"),
+        ([{"type": "webhook", "url": "https://e.com", "secret": "\ud800"}], "channels[0].secret"),
         ([{"type": "slack", "url": "https://e.com", "secret": "x"}], "channels[0].secret"),
         ([{"type": "email", "to": []}], "channels[0].to"),
         ([{"type": "email", "to": ["ops@example.com", "nope"]}], "channels[0].to[1]"),

@@ -135,6 +135,7 @@ def test_a_schedule_is_created_from_the_page_and_audited():
         ({"cron": ""}, "cron", "give cron (with timezone) or interval_seconds"),
         ({"interval_seconds": "sixty", "cron": ""}, "interval_seconds", "whole number"),
         ({"payload": '{"n": '}, "payload", "Not valid JSON"),
+        ({"payload": '{"n": ' + "9" * 5000 + "}"}, "payload", "Not valid JSON"),
         ({"payload": "[1, 2]"}, "payload", "must be a JSON object"),
         ({"agent_name": "GhostAgent"}, "agent_name", "unknown agent &#x27;GhostAgent&#x27;"),
         ({"task_type": "juggle"}, "task_type", "EchoAgent handles"),

@@ -200,6 +200,26 @@ def test_a_workflow_locked_elsewhere_is_skipped_with_its_checks_kept(api):
     assert not WorkflowEscalationCheck.objects.exists()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_workflow_held_for_long_does_not_stall_the_others(api):
+    held = create(api, escalate_after_failures=9, open=True)
+    other = create(api, escalate_after_failures=1, open=True)
+    for _ in range(4):
+        fail_one(held["id"])  # the oldest check rows: a whole batch of 2, and more
+    fail_one(other["id"])
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    with psycopg.connect(**params) as operator:
+        operator.execute("SELECT FROM workflows WHERE id = %s FOR UPDATE", [held["id"]])
+        escalated = []
+        for _ in range(4):  # each pass leaves the held workflow one row of its batch
+            escalated += [str(w) for w in escalation.escalate_due(limit=2)]
+        assert escalated == [other["id"]]
+    kept = WorkflowEscalationCheck.objects.values_list("workflow_id", flat=True)
+    assert [str(w) for w in kept] == [held["id"]]  # counted once it is free
+
+
 def test_the_deadline_is_set_however_the_workflow_is_created():
     created = Workflow.objects.create(name="made in code", escalate_after_seconds=90)
     created.refresh_from_db()

@@ -31,8 +31,8 @@ CHANNELS_EXAMPLE = (
 
 
 class AlertRuleForm(forms.Form):
-    # Nothing is "required" here: an empty field goes to the shared check, which says
-    # what it needs.
+    # Blanks are left to the shared check where it names what is needed (the name,
+    # the threshold); the kind and the whole numbers are the form's own to require.
     name = forms.CharField(required=False, widget=TEXT)
     kind = forms.ChoiceField(choices=AlertKind.choices)
     agent = forms.CharField(required=False, help_text="Blank: every agent, each on its own.")

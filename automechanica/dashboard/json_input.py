@@ -19,3 +19,5 @@ def parsed(text: str, what: str) -> Any:
         ) from None
     except RecursionError:
         raise forms.ValidationError(f"Nested too deeply to be read as the {what}.") from None
+    except ValueError as bad:  # a number over Python's 4,300-digit limit, say
+        raise forms.ValidationError(f"Not valid JSON: {bad}") from None

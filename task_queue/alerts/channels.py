@@ -17,6 +17,8 @@ from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.core.validators import validate_email
 
+from task_queue.storable import text_problem
+
 TIMEOUT_SECONDS = 5.0
 MAX_CHANNELS = 10
 MAX_URL_LENGTH = 2000
@@ -85,7 +87,11 @@ def _check(where: str, channel: Any) -> dict[str, Any]:
     checked = {"type": kind, "url": url}
     if "secret" in channel:
         secret = channel["secret"]
-        if not isinstance(secret, str) or not 1 <= len(secret) <= MAX_SECRET_LENGTH:
+        if (
+            not isinstance(secret, str)
+            or not 1 <= len(secret) <= MAX_SECRET_LENGTH
+            or text_problem(secret)
+        ):
             raise InvalidChannel(
                 f"{where}.secret", f"must be text of 1 to {MAX_SECRET_LENGTH} chars"
             )

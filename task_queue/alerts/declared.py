@@ -32,6 +32,10 @@ def sync_declared() -> None:
             raise ImproperlyConfigured(f"QUEUE_ALERT_RULES[{name!r}]: {error}") from None
     with transaction.atomic():
         locks.advisory_xact_lock(locks.ALERT_RULE_SYNC)  # one process syncs at a time
+        # Before any rule's row, as the API and the page take them: a change drops
+        # states, which no evaluation may write back meanwhile (an evaluation is
+        # milliseconds; the sync runs once, as a loop starts).
+        locks.advisory_xact_lock(locks.ALERTS)
         for name, values in checked.items():
             rule = AlertRule.objects.select_for_update().filter(name=name).first()
             if rule is None:
@@ -41,19 +45,10 @@ def sync_declared() -> None:
                 getattr(rule, field) == values[field] for field in FIELDS
             ):
                 continue
-            _hold_evaluations()
             redefine(rule, values)
             rule.source = Schedule.Source.CODE
             rule.save()
         undeclared = AlertRule.objects.filter(source=Schedule.Source.CODE).exclude(
             name__in=list(checked)
         )
-        if undeclared.exists():
-            _hold_evaluations()
-            undeclared.delete()
-
-
-def _hold_evaluations() -> None:
-    """Before a state is dropped: no evaluation may write it back meanwhile. Only
-    then, so that a loop starting while another evaluates waits only if it must."""
-    locks.advisory_xact_lock(locks.ALERTS)
+        undeclared.delete()

@@ -141,8 +141,9 @@ def prune(*, now: datetime | None = None) -> Pruned | None:
     if pruned:
         logger.info(
             "retention: pruned %d task(s), %d workflow(s), %d agent event(s), "
-            "%d message(s) and publication(s), %d stream event(s), %d alert notification(s)",
+            "%d message(s) and publication(s), %d stream event(s), %d alert notification(s), "
+            "%d alert firing(s)",
             pruned.tasks, pruned.workflows, pruned.agent_events, pruned.messages,
-            pruned.stream_events, pruned.alert_notifications,
+            pruned.stream_events, pruned.alert_notifications, pruned.alert_firings,
         )  # fmt: skip
     return pruned

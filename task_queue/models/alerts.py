@@ -112,6 +112,15 @@ class AlertFiring(models.Model):
     class Meta:
         db_table = "alert_firings"
         ordering = ["-started_at", "-id"]
+        indexes = [
+            # The history, newest first (the page, the API), and what retention forgets.
+            models.Index(fields=["-started_at", "-id"], name="alert_firings_started_idx"),
+            models.Index(
+                fields=["ended_at"],
+                name="alert_firings_ended_idx",
+                condition=models.Q(ended_at__isnull=False),
+            ),
+        ]
         constraints = [
             models.UniqueConstraint(  # one open firing per (rule, agent, workflow)
                 fields=["rule", "agent", "workflow_id"],

@@ -18,11 +18,12 @@ from task_queue.sql.db import NOW, fetch
 # least their threshold of dead or failed tasks now. Check rows are taken with SKIP
 # LOCKED (a second maintenance process takes others), then their workflows locked in
 # id order, skipping one locked elsewhere (an operator's long transaction never holds
-# the loop up): its check rows stay for a later pass. Every check row of a workflow
-# locked here goes but one another process holds (one count per workflow, however
-# many of its tasks failed, and no process waits for another's rows). A failure
-# committed after this statement's snapshot has left a check row it does not see: the
-# next pass's.
+# the loop up): of the rows picked, only its newest stays for a later pass (its
+# failures are counted then), so a workflow held for long blocks one row of the
+# batch, not the batch. Every check row of a workflow locked here goes but one another
+# process holds (one count per workflow, however many of its tasks failed, and no
+# process waits for another's rows). A failure committed after this statement's
+# snapshot has left a check row it does not see: the next pass's.
 WORKFLOWS_OVER_THEIR_FAILURES = """
 WITH picked AS (
     SELECT id, workflow_id FROM workflow_escalation_checks
@@ -44,6 +45,10 @@ checked AS (
                    FOR UPDATE SKIP LOCKED)
        OR c.id IN (SELECT p.id FROM picked p  -- of a workflow deleted since
                    WHERE NOT EXISTS (SELECT FROM workflows w WHERE w.id = p.workflow_id))
+       OR c.id IN (SELECT p.id FROM picked p  -- of one skipped: all but its newest
+                   WHERE p.workflow_id NOT IN (SELECT id FROM locked)
+                     AND p.id < (SELECT max(q.id) FROM picked q
+                                 WHERE q.workflow_id = p.workflow_id))
 )
 SELECT c.id, f.failures, c.threshold
 FROM locked c

@@ -33,7 +33,9 @@ RECENT_SHOWN = 100
 
 
 class RecentQuery(StrictSchema):
-    limit: int = Field(50, ge=1, le=RECENT_SHOWN, description="Recent notifications shown.")
+    limit: int = Field(
+        50, ge=1, le=RECENT_SHOWN, description="Recent notifications and firings shown."
+    )
 
 
 def _rule_out(rule: AlertRule) -> dict[str, Any]:
