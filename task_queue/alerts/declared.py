@@ -13,6 +13,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
+from django.db.models import QuerySet
 
 from task_queue.models import AlertRule, Schedule
 from task_queue.sql import locks
@@ -32,10 +33,12 @@ def sync_declared() -> None:
             raise ImproperlyConfigured(f"QUEUE_ALERT_RULES[{name!r}]: {error}") from None
     with transaction.atomic():
         locks.advisory_xact_lock(locks.ALERT_RULE_SYNC)  # one process syncs at a time
-        # Before any rule's row, as the API and the page take them: a change drops
-        # states, which no evaluation may write back meanwhile (an evaluation is
-        # milliseconds; the sync runs once, as a loop starts).
-        locks.advisory_xact_lock(locks.ALERTS)
+        if _drops_states(checked):
+            # Before any rule's row, as the API and the page take them: a change drops
+            # states, which no evaluation may write back meanwhile. Only then: a loop
+            # starting while another evaluates (or is stuck mid-evaluation) waits only
+            # if it must.
+            locks.advisory_xact_lock(locks.ALERTS)
         for name, values in checked.items():
             rule = AlertRule.objects.select_for_update().filter(name=name).first()
             if rule is None:
@@ -45,10 +48,31 @@ def sync_declared() -> None:
                 getattr(rule, field) == values[field] for field in FIELDS
             ):
                 continue
+            locks.advisory_xact_lock(locks.ALERTS)  # held already, unless changed meanwhile
             redefine(rule, values)
             rule.source = Schedule.Source.CODE
             rule.save()
-        undeclared = AlertRule.objects.filter(source=Schedule.Source.CODE).exclude(
-            name__in=list(checked)
-        )
-        undeclared.delete()
+        undeclared = _undeclared(checked)
+        if undeclared.exists():
+            locks.advisory_xact_lock(locks.ALERTS)
+            undeclared.delete()
+
+
+def _drops_states(checked: dict[str, dict[str, Any]]) -> bool:
+    """Whether syncing ``checked`` changes or removes a rule that exists. Read without
+    locks: should an operator change a rule between this read and the sync's row
+    lock, the sync takes the evaluations' lock after the row's, and a collision with
+    another change at that moment is a deadlock PostgreSQL ends (the next pass syncs
+    again)."""
+    existing = AlertRule.objects.filter(name__in=list(checked))
+    for rule in existing:
+        values = checked[rule.name]
+        if rule.source != Schedule.Source.CODE or any(
+            getattr(rule, field) != values[field] for field in FIELDS
+        ):
+            return True
+    return _undeclared(checked).exists()
+
+
+def _undeclared(checked: dict[str, dict[str, Any]]) -> QuerySet[AlertRule]:
+    return AlertRule.objects.filter(source=Schedule.Source.CODE).exclude(name__in=list(checked))
