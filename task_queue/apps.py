@@ -13,7 +13,7 @@ class TaskQueueConfig(AppConfig):
     def ready(self) -> None:
         from . import registry
         from .maintenance import jobs as maintenance_jobs
-        from .signals import require_pgvector
+        from .signals import require_a_capable_server
         from .tracing import exporting
 
         # The agents live in higher layers (agents_app, or a deployment's own modules):
@@ -23,4 +23,6 @@ class TaskQueueConfig(AppConfig):
         # Once per process: OpenTelemetry's hooks if OTEL_* asks for traces, else none.
         exporting.setup()
 
-        pre_migrate.connect(require_pgvector, sender=self, dispatch_uid="require_pgvector")
+        pre_migrate.connect(
+            require_a_capable_server, sender=self, dispatch_uid="require_a_capable_server"
+        )

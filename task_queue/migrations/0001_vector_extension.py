@@ -1,6 +1,6 @@
 """Enable pgvector before any table needs it (agent memory stores embeddings).
 
-``task_queue.signals.require_pgvector`` checks before ``migrate`` applies anything
+``task_queue.signals.require_a_capable_server`` checks before ``migrate`` applies anything
 that the server has the extension, and stops with a one-line reason if not.
 """
 
