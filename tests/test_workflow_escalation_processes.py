@@ -3,8 +3,6 @@ left a check row, and both processes take them side by side."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections import Counter
 
 import psycopg
@@ -14,7 +12,7 @@ from django.db import connection
 from task_queue import operations
 from task_queue.models import OutboxEvent, Workflow, WorkflowEscalationCheck
 from tests.support.database import database_url
-from tests.support.processes import REPO, manage_env
+from tests.support.processes import start_python
 from tests.support.queue import fail_pending
 from tests.support.waiting import wait_for
 
@@ -57,17 +55,7 @@ def test_two_processes_escalate_each_workflow_once(transactional_db):
 
     with psycopg.connect(database_url(), autocommit=True) as starter:
         starter.execute("SELECT pg_advisory_lock(%s)", [START])
-        processes = [
-            subprocess.Popen(
-                [sys.executable, "-c", ESCALATE_ONE_CHECK_AT_A_TIME],
-                cwd=REPO,
-                env=manage_env(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(2)
-        ]
+        processes = [start_python(ESCALATE_ONE_CHECK_AT_A_TIME) for _ in range(2)]
         wait_for(lambda: waiting_for_the_start() == 2, timeout=60, what="both processes")
         starter.execute("SELECT pg_advisory_unlock(%s)", [START])
     outputs = [process.communicate(timeout=120) for process in processes]

@@ -11,17 +11,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic import StrictBool as Bool
 from pydantic import StrictInt as Int
 
+from task_queue.models import AlertKind
+
 from .schemas import Moment, StrictSchema, Text
 
-Kind = Literal[
-    "dead_letter",
-    "failure_rate",
-    "backlog_age",
-    "no_workers",
-    "lease_expirations",
-    "schedule_missed",
-    "workflow_escalated",
-]
+# The kinds the queue knows (task_queue.models.AlertKind), spelled out in the schema.
+Kind = Literal[tuple(AlertKind.values)]
 
 EXAMPLE_RULE = {
     "name": "fitment dead letter",

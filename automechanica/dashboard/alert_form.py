@@ -15,12 +15,11 @@ from typing import Any
 
 from django import forms
 
-from task_queue import registry
 from task_queue.alerts import rules
 from task_queue.alerts.channels import shown
 from task_queue.models import AlertKind, AlertRule
 
-from . import json_input
+from . import form_inputs
 
 TEXT = forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"})
 CHANNELS_EXAMPLE = (
@@ -66,13 +65,7 @@ class AlertRuleForm(forms.Form):
     def __init__(self, *args: Any, rule: AlertRule | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.rule = rule
-        agents = registry.names()
-        current = self["agent"].value()
-        if current and current not in agents:  # kept, so that the check can name it
-            agents.append(current)
-        self.fields["agent"].widget = forms.Select(
-            choices=[("", "every agent"), *((name, name) for name in agents)]
-        )
+        form_inputs.agent_select(self, "agent", blank="every agent")
         if rule is not None and rule.channels:
             now = "; ".join(_described(shown(channel)) for channel in rule.channels)
             self.fields["channels"].help_text = (
@@ -90,7 +83,7 @@ class AlertRuleForm(forms.Form):
         text = self.cleaned_data["channels"].strip()
         if not text:
             return None  # kept (a change) or none (a new rule)
-        return json_input.parsed(text, "channels")
+        return form_inputs.parsed_json(text, "channels")
 
     def values(self) -> dict[str, Any]:
         """What was typed, as ``task_queue.alerts.rules`` takes it (a valid form only).

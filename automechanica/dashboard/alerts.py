@@ -12,7 +12,6 @@ from datetime import timedelta
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
-from django.core.exceptions import PermissionDenied
 from django.db.models import Prefetch
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -22,10 +21,10 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from task_queue.alerts import evaluation, rules
 from task_queue.alerts.channels import shown
-from task_queue.audit import user_actor
 from task_queue.models import AlertDelivery, AlertFiring, AlertNotification, AlertRule, Schedule
 from task_queue.sql import db
 
+from .acting import require, who
 from .alert_form import AlertRuleForm
 
 RECENT_SHOWN = 50
@@ -74,22 +73,22 @@ def act(request: HttpRequest, rule_id: int, action: str) -> HttpResponse:
     """One action on a rule; back to the page, with what it did."""
     if action not in ACTIONS:
         raise Http404(f"no action {action!r}")
-    _require_manage(request, action)
+    require(request, MANAGE_PERMISSION, action)
     rule = get_object_or_404(AlertRule, pk=rule_id)
-    who = _who(request)
+    actor = who(request)
     try:
         if action in ("enable", "disable"):
-            rules.update(rule.id, {"enabled": action == "enable"}, **who)
+            rules.update(rule.id, {"enabled": action == "enable"}, **actor)
             messages.success(request, f"{rule.name}: {action}d")
         elif action == "silence":
             until = db.database_clock() + SILENCE
-            rules.silence(rule.id, until, **who)
+            rules.silence(rule.id, until, **actor)
             messages.success(request, f"{rule.name}: silenced until {until:%Y-%m-%d %H:%M} UTC")
         elif action == "unsilence":
-            rules.silence(rule.id, None, **who)
+            rules.silence(rule.id, None, **actor)
             messages.success(request, f"{rule.name}: no longer silenced")
         else:
-            evaluation.send_test(rule, **who)
+            evaluation.send_test(rule, **actor)
             messages.success(request, f"{rule.name}: a test notification is on its way")
     except rules.DeclaredInSettings as error:
         messages.error(request, f"{error}: change it there")
@@ -101,11 +100,11 @@ def act(request: HttpRequest, rule_id: int, action: str) -> HttpResponse:
 def alert_new(request: HttpRequest) -> HttpResponse:
     """Create a rule; a refused one comes back (400) with the reason on its field, and
     nothing written."""
-    _require_manage(request, "creating an alert rule")
+    require(request, MANAGE_PERMISSION, "creating an alert rule")
     form = AlertRuleForm(request.POST)
     if form.is_valid():
         try:
-            created = rules.create(form.values(), **_who(request))
+            created = rules.create(form.values(), **who(request))
         except rules.InvalidRule as refused:
             form.refuse(refused)
         else:
@@ -119,7 +118,7 @@ def alert_new(request: HttpRequest) -> HttpResponse:
 def alert_edit(request: HttpRequest, rule_id: int) -> HttpResponse:
     """Change a rule not declared in settings (one declared there answers 409: it is
     changed there). A refused change comes back (400) with the reason on its field."""
-    _require_manage(request, "changing an alert rule")
+    require(request, MANAGE_PERMISSION, "changing an alert rule")
     rule = get_object_or_404(AlertRule, pk=rule_id)
     if rule.source == Schedule.Source.CODE:
         return render(request, EDIT, {"rule": rule, "declared": True}, status=409)
@@ -128,7 +127,7 @@ def alert_edit(request: HttpRequest, rule_id: int) -> HttpResponse:
     form = AlertRuleForm(request.POST, rule=rule)
     if form.is_valid():
         try:
-            rules.update(rule.id, form.values(), **_who(request))
+            rules.update(rule.id, form.values(), **who(request))
         except rules.InvalidRule as refused:
             form.refuse(refused)
         except rules.DeclaredInSettings:  # settings took its name meanwhile
@@ -144,22 +143,13 @@ def alert_edit(request: HttpRequest, rule_id: int) -> HttpResponse:
 def alert_delete(request: HttpRequest, rule_id: int) -> HttpResponse:
     """Delete a rule not declared in settings, with its states, firings and
     notifications (audited), then back to the list."""
-    _require_manage(request, "deleting an alert rule")
+    require(request, MANAGE_PERMISSION, "deleting an alert rule")
     rule = get_object_or_404(AlertRule, pk=rule_id)
     try:
-        rules.delete(rule.id, **_who(request))
+        rules.delete(rule.id, **who(request))
     except rules.DeclaredInSettings as declared:
         return HttpResponse(str(declared), status=409, content_type="text/plain; charset=utf-8")
     messages.success(request, f"Alert rule {rule.name!r} deleted.")
     if request.htmx:
         return HttpResponseClientRedirect(reverse("dashboard:alerts"))
     return redirect("dashboard:alerts")
-
-
-def _require_manage(request: HttpRequest, what: str) -> None:
-    if not request.user.has_perm(MANAGE_PERMISSION):
-        raise PermissionDenied(f"{what} needs the {MANAGE_PERMISSION} permission")
-
-
-def _who(request: HttpRequest) -> dict[str, str]:
-    return {"actor": user_actor(request.user), "source": Schedule.Source.DASHBOARD}

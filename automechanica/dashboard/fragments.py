@@ -135,16 +135,12 @@ def workflow_context(workflow: Workflow) -> dict[str, Any]:
 RESUME_PERMISSION = "workflows.change_workflow"
 
 
-def render_workflow(workflow_id: UUID, *, can_resume: bool) -> str | None:
-    workflow = Workflow.objects.filter(id=workflow_id).first()
-    if workflow is None:
-        return None
-    return render_to_string(WORKFLOW, {**workflow_context(workflow), "can_resume": can_resume})
-
-
-def render_workflow_variants(workflow_id: UUID) -> dict[str, str] | None:
+def render_workflow_variants(
+    workflow_id: UUID, rights: tuple[bool, ...] = (True, False)
+) -> dict[str, str] | None:
     """The workflow fragment with and without its Resume button (shown with
-    ``workflows.change_workflow``), from one reading: keyed by ``workflow_variant``."""
+    ``workflows.change_workflow``; ``rights``: which), from one reading, keyed by
+    ``workflow_variant``; None for no such workflow."""
     workflow = Workflow.objects.filter(id=workflow_id).first()
     if workflow is None:
         return None
@@ -153,7 +149,7 @@ def render_workflow_variants(workflow_id: UUID) -> dict[str, str] | None:
         workflow_variant(can_resume): render_to_string(
             WORKFLOW, {**context, "can_resume": can_resume}
         )
-        for can_resume in (True, False)
+        for can_resume in rights
     }
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 from django import forms
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
@@ -21,6 +20,8 @@ from task_queue.models import (
     MAX_RATE_PERIOD_SECONDS,
     AgentLimits,
 )
+
+from .acting import require
 
 LIMIT_PERMISSION = "queue.limit_agent"
 
@@ -58,8 +59,7 @@ class AgentLimitsForm(forms.Form):
 @staff_member_required
 @require_http_methods(["GET", "POST"])
 def agent_limits(request: HttpRequest, agent_name: str) -> HttpResponse:
-    if not request.user.has_perm(LIMIT_PERMISSION):
-        raise PermissionDenied(f"setting limits needs the {LIMIT_PERMISSION} permission")
+    require(request, LIMIT_PERMISSION, "setting limits")
     if agent_name not in registry.names():
         raise Http404(f"no agent {agent_name!r}")
     current = AgentLimits.objects.filter(agent_name=agent_name).first()

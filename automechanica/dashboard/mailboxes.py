@@ -8,7 +8,6 @@ from uuid import UUID
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
-from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Min, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -19,6 +18,8 @@ from agents_app import messaging, pubsub
 from agents_app.models import AgentMessage, PublicationDelivery, Subscription
 from agents_app.pubsub import with_backlog
 from task_queue.audit import user_actor
+
+from .acting import require
 
 OPEN_MESSAGES = ["pending", "delivered"]
 REVIVE_PERMISSION = "agents_app.revive_agentmessage"
@@ -88,5 +89,4 @@ def revive_delivery(request: HttpRequest, delivery_id: int) -> HttpResponse:
 
 
 def _require_revive(request: HttpRequest) -> None:
-    if not request.user.has_perm(REVIVE_PERMISSION):
-        raise PermissionDenied(f"reviving needs the {REVIVE_PERMISSION} permission")
+    require(request, REVIVE_PERMISSION, "reviving")

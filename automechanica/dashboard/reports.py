@@ -9,7 +9,6 @@ from datetime import date, timedelta
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
@@ -21,6 +20,7 @@ from task_queue.models import Task, TaskStatus
 from task_queue.sql import db
 
 from . import charts
+from .acting import require
 
 RUN_PERMISSION = "agents_app.run_daily_report"
 CSV_COLUMNS = (
@@ -94,8 +94,7 @@ def daily_report_download(request: HttpRequest, day: str, fmt: str) -> HttpRespo
 @require_POST
 def run_daily_report(request: HttpRequest) -> HttpResponse:
     """Enqueue an AnalyticsAgent task for a day (today's report is partial)."""
-    if not request.user.has_perm(RUN_PERMISSION):
-        raise PermissionDenied(f"running the report needs the {RUN_PERMISSION} permission")
+    require(request, RUN_PERMISSION, "running the report")
     day = _valid_day(request.POST.get("day", ""))
     if day is None:
         return HttpResponse(

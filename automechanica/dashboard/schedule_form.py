@@ -17,7 +17,7 @@ from django import forms
 from task_queue import registry, schedules
 from task_queue.models import Schedule
 
-from . import json_input
+from . import form_inputs
 
 TEXT = forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"})
 
@@ -64,13 +64,7 @@ class ScheduleForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        agents = registry.names()
-        current = self["agent_name"].value()
-        if current and current not in agents:  # kept, so that the check can name it
-            agents.append(current)
-        self.fields["agent_name"].widget = forms.Select(
-            choices=[("", "—"), *((name, name) for name in agents)]
-        )
+        form_inputs.agent_select(self, "agent_name", blank="—")
 
     @classmethod
     def of(cls, schedule: Schedule) -> ScheduleForm:
@@ -81,7 +75,7 @@ class ScheduleForm(forms.Form):
 
     def clean_payload(self) -> Any:
         text = self.cleaned_data["payload"].strip() or "{}"
-        return json_input.parsed(text, "payload")
+        return form_inputs.parsed_json(text, "payload")
 
     def definition(self) -> dict[str, Any]:
         """What was typed, as ``task_queue.schedules`` takes it (a valid form only)."""

@@ -13,7 +13,6 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
@@ -23,10 +22,10 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HttpResponseClientRedirect
 
 from task_queue import schedules
-from task_queue.audit import user_actor
 from task_queue.models import Schedule, ScheduleRun, Task
 from task_queue.operations import InvalidTask
 
+from .acting import require, who
 from .schedule_form import ScheduleForm
 
 OPERATE = "queue.operate_schedule"
@@ -88,15 +87,6 @@ def _live(user: Any) -> str:
     return render_to_string(LIVE, {**rows(), **_perms(user)})
 
 
-def _require(request: HttpRequest, perm: str, what: str) -> None:
-    if not request.user.has_perm(perm):
-        raise PermissionDenied(f"{what} needs the {perm} permission")
-
-
-def _who(request: HttpRequest) -> dict[str, str]:
-    return {"actor": user_actor(request.user), "source": Schedule.Source.DASHBOARD}
-
-
 def _page(
     request: HttpRequest, form: ScheduleForm | None = None, status: int = 200
 ) -> HttpResponse:
@@ -116,12 +106,12 @@ def schedules_page(request: HttpRequest) -> HttpResponse:
 @require_POST
 def schedule_action(request: HttpRequest, schedule_id: int, action: str) -> HttpResponse:
     """Pause, resume or run now; answers with the refreshed table."""
-    _require(request, OPERATE, action)
+    require(request, OPERATE, action)
     try:
         if action == "run":
-            schedules.run_now(schedule_id, **_who(request))
+            schedules.run_now(schedule_id, **who(request))
         else:
-            schedules.set_enabled(schedule_id, action == "resume", **_who(request))
+            schedules.set_enabled(schedule_id, action == "resume", **who(request))
     except schedules.ScheduleNotFound:
         raise Http404("no such schedule") from None
     except InvalidTask as refused:  # its agent is no longer registered, say
@@ -134,11 +124,11 @@ def schedule_action(request: HttpRequest, schedule_id: int, action: str) -> Http
 def schedule_new(request: HttpRequest) -> HttpResponse:
     """Create a schedule; a refused one comes back (400) with the reason on its field,
     and nothing written."""
-    _require(request, ADD, "creating a schedule")
+    require(request, ADD, "creating a schedule")
     form = ScheduleForm(request.POST)
     if form.is_valid():
         try:
-            created = schedules.create(form.definition(), **_who(request))
+            created = schedules.create(form.definition(), **who(request))
         except schedules.InvalidSchedule as refused:
             form.refuse(refused)
         else:
@@ -152,7 +142,7 @@ def schedule_new(request: HttpRequest) -> HttpResponse:
 def schedule_edit(request: HttpRequest, schedule_id: int) -> HttpResponse:
     """Change a schedule not declared in settings (one declared there answers 409: it
     is changed there). A refused change comes back (400) with the reason on its field."""
-    _require(request, CHANGE, "changing a schedule")
+    require(request, CHANGE, "changing a schedule")
     schedule = get_object_or_404(Schedule, id=schedule_id)
     context = {"schedule": schedule, "can_delete": request.user.has_perm(DELETE)}
     if schedule.source == Schedule.Source.CODE:
@@ -163,7 +153,7 @@ def schedule_edit(request: HttpRequest, schedule_id: int) -> HttpResponse:
     form = ScheduleForm(request.POST)
     if form.is_valid():
         try:
-            schedules.update(schedule.id, form.definition(), **_who(request))
+            schedules.update(schedule.id, form.definition(), **who(request))
         except schedules.InvalidSchedule as refused:
             form.refuse(refused)
         except schedules.ScheduleNotFound:
@@ -180,9 +170,9 @@ def schedule_edit(request: HttpRequest, schedule_id: int) -> HttpResponse:
 @require_POST
 def schedule_delete(request: HttpRequest, schedule_id: int) -> HttpResponse:
     """Delete a schedule not declared in settings (its tasks stay), then back to the list."""
-    _require(request, DELETE, "deleting a schedule")
+    require(request, DELETE, "deleting a schedule")
     try:
-        schedules.delete(schedule_id, **_who(request))
+        schedules.delete(schedule_id, **who(request))
     except schedules.ScheduleNotFound:
         raise Http404("no such schedule") from None
     except schedules.DeclaredInCode as declared:

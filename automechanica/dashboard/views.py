@@ -14,10 +14,9 @@ from uuid import UUID
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
-from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, QueryDict
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -30,6 +29,7 @@ from task_queue.models import DeadLetterEntry, OperatorAction, Task, TaskStatus,
 from task_queue.sql import db
 
 from . import fragments
+from .acting import require, who
 from .deadletter import DeadLetterFilter, DeadLetterRows
 from .limits import LIMIT_PERMISSION
 from .overview import take_snapshot
@@ -51,8 +51,7 @@ PERMISSIONS = {
 
 
 def _require(request: HttpRequest, action: str) -> None:
-    if not request.user.has_perm(PERMISSIONS[action]):
-        raise PermissionDenied(f"{action} needs the {PERMISSIONS[action]} permission")
+    require(request, PERMISSIONS[action], action)
 
 
 # ---------------------------------------------------------------- overview
@@ -246,7 +245,7 @@ def task_action(request: HttpRequest, task_id: UUID, action: str) -> HttpRespons
     """Revive, run now or cancel one task; answers with the refreshed task fragment."""
     _require(request, action)
     task = get_object_or_404(Task, id=task_id)
-    actor = {"actor": user_actor(request.user), "source": "dashboard"}
+    actor = who(request)
     if action == "revive":
         operations.revive([task.id], **actor)
     elif action == "cancel":
@@ -279,7 +278,7 @@ def task_edit(request: HttpRequest, task_id: UUID) -> HttpResponse:
         status = 400
         try:
             payload = json.loads(text)
-            actor = {"actor": user_actor(request.user), "source": "dashboard"}
+            actor = who(request)
             if task.status == TaskStatus.PENDING:
                 operations.update_pending(task.id, payload=payload, **actor)
             elif not operations.revive([task.id], payload=payload, **actor):
@@ -342,7 +341,10 @@ def resume_workflow(request: HttpRequest, workflow_id: UUID) -> HttpResponse:
             status=409,
             content_type="text/plain; charset=utf-8",
         )
-    return HttpResponse(fragments.render_workflow(workflow_id, can_resume=True))
+    variants = fragments.render_workflow_variants(workflow_id, rights=(True,))
+    if variants is None:  # deleted meanwhile
+        raise Http404("no such workflow")
+    return HttpResponse(variants[fragments.workflow_variant(True)])
 
 
 @staff_member_required

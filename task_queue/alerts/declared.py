@@ -44,9 +44,7 @@ def sync_declared() -> None:
             if rule is None:
                 AlertRule.objects.create(source=Schedule.Source.CODE, **values)
                 continue
-            if rule.source == Schedule.Source.CODE and all(
-                getattr(rule, field) == values[field] for field in FIELDS
-            ):
+            if _unchanged(rule, values):
                 continue
             locks.advisory_xact_lock(locks.ALERTS)  # held already, unless changed meanwhile
             redefine(rule, values)
@@ -65,13 +63,15 @@ def _drops_states(checked: dict[str, dict[str, Any]]) -> bool:
     another change at that moment is a deadlock PostgreSQL ends (the next pass syncs
     again)."""
     existing = AlertRule.objects.filter(name__in=list(checked))
-    for rule in existing:
-        values = checked[rule.name]
-        if rule.source != Schedule.Source.CODE or any(
-            getattr(rule, field) != values[field] for field in FIELDS
-        ):
-            return True
-    return _undeclared(checked).exists()
+    changed = any(not _unchanged(rule, checked[rule.name]) for rule in existing)
+    return changed or _undeclared(checked).exists()
+
+
+def _unchanged(rule: AlertRule, values: dict[str, Any]) -> bool:
+    """Declared in settings already, as ``values`` say."""
+    return rule.source == Schedule.Source.CODE and all(
+        getattr(rule, field) == values[field] for field in FIELDS
+    )
 
 
 def _undeclared(checked: dict[str, dict[str, Any]]) -> QuerySet[AlertRule]:

@@ -33,6 +33,19 @@ def manage_env() -> dict[str, str]:
     }
 
 
+def start_python(code: str, *args: str) -> subprocess.Popen:
+    """``python -c CODE ARGS`` started on the test database, its output piped as text
+    (read it with ``communicate``)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        cwd=REPO,
+        env=manage_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def run_python_without_otel(code: str, *args: str) -> subprocess.CompletedProcess:
     """``python -c CODE ARGS`` on the test database with no ``OTEL_*`` variable set (so
     OpenTelemetry is off unless the code turns it on), to its end, output captured."""

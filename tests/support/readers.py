@@ -5,37 +5,27 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from typing import Any
 
 from django.db import connection
 
-from tests.support.processes import REPO, manage_env
+from tests.support.processes import start_python
 from tests.support.waiting import wait_for
 
 
 def start_waiting_readers(script: str, count: int, channel: str) -> list[subprocess.Popen]:
     """``count`` processes running ``script``, returned once each LISTENs on
     ``channel`` (so one commit wakes them all at once)."""
-    readers = [
-        subprocess.Popen(
-            [sys.executable, "-c", script],
-            cwd=REPO,
-            env=manage_env(),
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(count)
-    ]
+    readers = [start_python(script) for _ in range(count)]
     wait_for(lambda: _listening(channel) == count, timeout=60, what=f"{count} waiting readers")
     return readers
 
 
 def outputs(readers: list[subprocess.Popen]) -> list[Any]:
     """What each reader printed, as JSON; every one must have exited cleanly."""
-    seen = [json.loads(reader.communicate(timeout=120)[0]) for reader in readers]
-    assert all(reader.returncode == 0 for reader in readers)
-    return seen
+    results = [reader.communicate(timeout=120) for reader in readers]
+    assert all(reader.returncode == 0 for reader in readers), [err for _, err in results]
+    return [json.loads(out) for out, _ in results]
 
 
 def _listening(channel: str) -> int:
