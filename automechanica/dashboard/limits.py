@@ -13,7 +13,6 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from task_queue import limits, registry
-from task_queue.audit import user_actor
 from task_queue.models import (
     MAX_CONCURRENCY_LIMIT,
     MAX_RATE_COUNT,
@@ -21,7 +20,7 @@ from task_queue.models import (
     AgentLimits,
 )
 
-from .acting import require
+from .acting import require, who
 
 LIMIT_PERMISSION = "queue.limit_agent"
 
@@ -74,8 +73,7 @@ def agent_limits(request: HttpRequest, agent_name: str) -> HttpResponse:
                 agent_name,
                 concurrency_limit=data["concurrency_limit"],
                 rate_limit=rate or None,
-                actor=user_actor(request.user),
-                source="dashboard",
+                **who(request),
             )
             messages.success(request, f"Limits of {agent_name} saved")
             return redirect("dashboard:overview")

@@ -17,9 +17,8 @@ from django.views.decorators.http import require_GET, require_POST
 from agents_app import messaging, pubsub
 from agents_app.models import AgentMessage, PublicationDelivery, Subscription
 from agents_app.pubsub import with_backlog
-from task_queue.audit import user_actor
 
-from .acting import require
+from .acting import require, who
 
 OPEN_MESSAGES = ["pending", "delivered"]
 REVIVE_PERMISSION = "agents_app.revive_agentmessage"
@@ -69,7 +68,7 @@ def mailboxes(request: HttpRequest) -> HttpResponse:
 def revive_message(request: HttpRequest, message_id: UUID) -> HttpResponse:
     """Revive one failed message (audit-logged); back to the page, which says how it went."""
     _require_revive(request)
-    if messaging.revive([message_id], actor=user_actor(request.user), source="dashboard"):
+    if messaging.revive([message_id], **who(request)):
         messages.success(request, f"Message {message_id} revived: it will be delivered again.")
     else:
         messages.warning(request, f"Message {message_id} is not failed (any more): not revived.")
@@ -81,7 +80,7 @@ def revive_message(request: HttpRequest, message_id: UUID) -> HttpResponse:
 def revive_delivery(request: HttpRequest, delivery_id: int) -> HttpResponse:
     """Revive one failed publication delivery, as ``revive_message``."""
     _require_revive(request)
-    if pubsub.revive([delivery_id], actor=user_actor(request.user), source="dashboard"):
+    if pubsub.revive([delivery_id], **who(request)):
         messages.success(request, f"Delivery {delivery_id} revived: it will be delivered again.")
     else:
         messages.warning(request, f"Delivery {delivery_id} is not failed (any more): not revived.")

@@ -24,7 +24,6 @@ from django.views.decorators.http import require_GET, require_POST
 
 from agents_app.memory import similar_events, task_text
 from task_queue import blobs, escalation, operations, registry
-from task_queue.audit import user_actor
 from task_queue.models import DeadLetterEntry, OperatorAction, Task, TaskStatus, Workflow
 from task_queue.sql import db
 
@@ -74,7 +73,7 @@ def pause_or_resume(request: HttpRequest, agent_name: str, action: str) -> HttpR
     if agent_name not in registry.names():
         return _bad_request(f"unknown agent {agent_name!r}")
     change = operations.pause_agent if action == "pause" else operations.resume_agent
-    change(agent_name, actor=user_actor(request.user), source="dashboard")
+    change(agent_name, **who(request))
     can_limit = request.user.has_perm(LIMIT_PERMISSION)
     return HttpResponse(
         fragments.render_overview(take_snapshot(), can_pause=True, can_limit=can_limit)
@@ -189,11 +188,7 @@ def dead_letter_act(request: HttpRequest) -> HttpResponse:
             ids = [UUID(value) for value in request.POST.getlist("ids")]
         except ValueError:
             return _bad_request("ids must be task ids")
-    common = {
-        "actor": user_actor(request.user),
-        "source": "dashboard",
-        "matched_filter": matched_filter,
-    }
+    common = {**who(request), "matched_filter": matched_filter}
     if action == "revive":
         done = len(operations.revive(ids, **common))
         messages.success(request, f"Revived {done} task(s).")
@@ -335,7 +330,7 @@ def resume_workflow(request: HttpRequest, workflow_id: UUID) -> HttpResponse:
     """Resume an escalated workflow; answers with the refreshed workflow fragment."""
     _require(request, "resume_workflow")
     get_object_or_404(Workflow, id=workflow_id)
-    if not escalation.resume(workflow_id, actor=user_actor(request.user), source="dashboard"):
+    if not escalation.resume(workflow_id, **who(request)):
         return HttpResponse(
             "This workflow is not escalated (any more).",
             status=409,
