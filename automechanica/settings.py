@@ -164,11 +164,14 @@ QUEUE_STALE_WORKER_SECONDS = float(
     os.environ.get("QUEUE_STALE_WORKER_SECONDS", 3 * QUEUE_LEASE_SECONDS)
 )
 # A worker's claim and completion, and every enqueue's insert, are prepared statements
-# (task_queue.sql.db.fetch_bound, fetch_bound_each). Off for a process connected through
-# a pooler that cannot keep prepared statements (PgBouncer in transaction mode before
-# 1.22, whose DEALLOCATE ALL psycopg sends after a rollback, or without
-# max_prepared_statements).
-QUEUE_PREPARED_STATEMENTS = env_bool(os.environ, "QUEUE_PREPARED_STATEMENTS", True)
+# (task_queue.sql.db.fetch_bound, fetch_bound_each). "auto" turns them off in a process
+# whose server sessions are shared with other clients (a pooler in transaction mode,
+# found by task_queue.sql.connections); on or off (1/0) decides without asking.
+QUEUE_PREPARED_STATEMENTS: str | bool = (
+    "auto"
+    if os.environ.get("QUEUE_PREPARED_STATEMENTS", "").strip().lower() in {"", "auto"}
+    else env_bool(os.environ, "QUEUE_PREPARED_STATEMENTS", True)
+)
 # relay_events --dispatch publishes again, a batch at a time, the commands of tasks due
 # and still unclaimed this long (a command a broker lost; task_queue.relay.dispatcher).
 QUEUE_DISPATCH_REPUBLISH_SECONDS = float(os.environ.get("QUEUE_DISPATCH_REPUBLISH_SECONDS", 60))

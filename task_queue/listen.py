@@ -6,6 +6,9 @@ only for committed changes. A LISTEN needs a connection in autocommit mode that 
 not Django's (Django's is shared with the caller's transactions), opened with
 Django's connection settings.
 
+``heard`` checks that a LISTEN is in effect: a notification sent from another
+connection must come back.
+
 A connection listening on one of the channels whose notifications are sent only while
 someone listens (the dashboard's and the event stream's, ``REGISTERED_CHANNELS``)
 says so in ``channel_listeners`` first, and takes its row back when it stops.
@@ -15,65 +18,66 @@ from __future__ import annotations
 
 import contextlib
 import re
+import secrets
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
 
 import psycopg
 from asgiref.sync import sync_to_async
-from django.db import connection
 
 from task_queue.sql.channels import (
+    NOTIFY_PROBE,
     REGISTER_LISTENER,
     REGISTERED_CHANNELS,
     SWEEP_LISTENERS,
     UNREGISTER_LISTENER,
 )
+from task_queue.sql.connections import connection_params, sessions_shared
 
 
-def connection_params() -> dict[str, Any]:
-    """Django's connection parameters, for a psycopg connection of one's own."""
-    params = connection.get_connection_params()
-    # Django's own, for its synchronous connections.
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    return params
-
-
-def _listen(channel: str) -> str:
+def _listen(channel: str, verb: str = "LISTEN") -> str:
     # Channel names are the code's own constants; they are checked rather than quoted
     # so that the statement reads as they are named (pg_stat_activity shows it).
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", channel):
         raise ValueError(f"not a channel name: {channel!r}")
-    return f"LISTEN {channel}"
+    return f"{verb} {channel}"
 
 
-def _opening(channel: str) -> list[tuple[str, dict[str, str] | None]]:
+def _opening(channel: str, shared: bool) -> list[tuple[str, dict[str, str] | None]]:
     """The statements that start listening on ``channel``: on a registered channel,
-    the sweep of stale rows and the registration first (task_queue.sql.channels)."""
+    the sweep of stale rows and the registration first (task_queue.sql.channels).
+    None where server sessions are ``shared`` (a pooler in transaction mode): the
+    LISTEN and the registration would stay on a server session that the pooler hands
+    to other clients, and nothing would come back."""
+    if shared:
+        return []
     listen = (_listen(channel), None)
     if channel not in REGISTERED_CHANNELS:
         return [listen]
     return [(SWEEP_LISTENERS, None), (REGISTER_LISTENER, {"channel": channel}), listen]
 
 
-def _closing(channel: str) -> list[tuple[str, dict[str, str]]]:
+def _closing(channel: str, shared: bool) -> list[tuple[str, dict[str, str]]]:
     """The statement that takes a registered listener's row back (none otherwise); a
     lost connection cannot run it, and its row is swept by the next listener."""
-    return [(UNREGISTER_LISTENER, {"channel": channel})] if channel in REGISTERED_CHANNELS else []
+    registered = channel in REGISTERED_CHANNELS and not shared
+    return [(UNREGISTER_LISTENER, {"channel": channel})] if registered else []
 
 
 @contextmanager
 def listening(channel: str) -> Iterator[psycopg.Connection]:
-    """A connection of its own, listening on ``channel``; read it with ``notifies()``."""
+    """A connection of its own, listening on ``channel``; read it with ``notifies()``.
+    Where server sessions are shared (a pooler in transaction mode) it does not listen,
+    and ``heard`` says so at once."""
+    shared = sessions_shared()
     with psycopg.connect(**connection_params(), autocommit=True) as conn:
         try:
-            for statement, params in _opening(channel):
+            for statement, params in _opening(channel, shared):
                 conn.execute(statement, params)
             yield conn
         finally:
             with contextlib.suppress(psycopg.Error):
-                for statement, params in _closing(channel):
+                for statement, params in _closing(channel, shared):
                     conn.execute(statement, params)
 
 
@@ -81,12 +85,63 @@ def listening(channel: str) -> Iterator[psycopg.Connection]:
 async def listening_async(channel: str) -> AsyncIterator[psycopg.AsyncConnection]:
     """``listening`` for asyncio code (the dashboard's hub)."""
     params = await sync_to_async(connection_params)()
+    shared = await sync_to_async(sessions_shared, thread_sensitive=False)()
     async with await psycopg.AsyncConnection.connect(**params, autocommit=True) as conn:
         try:
-            for statement, values in _opening(channel):
+            for statement, values in _opening(channel, shared):
                 await conn.execute(statement, values)
             yield conn
         finally:
             with contextlib.suppress(psycopg.Error):
-                for statement, values in _closing(channel):
+                for statement, values in _closing(channel, shared):
                     await conn.execute(statement, values)
+
+
+# A notification takes milliseconds; one that has not come in this long is not coming.
+HEARD_WITHIN_SECONDS = 2.0
+
+
+def heard(conn: psycopg.Connection, timeout: float) -> bool:
+    """Whether a notification sent from another connection reaches ``conn`` within
+    ``timeout`` seconds: whether its LISTEN is in effect.
+
+    Behind a pooler in transaction mode (PgBouncer's) it is not: the LISTEN ran on a
+    server session that the pooler handed on to other clients as soon as it had run,
+    and no notification comes back. The LISTEN itself succeeds, so only a round trip
+    tells. Notifications on ``conn``'s other channels that arrive meanwhile are
+    consumed: the caller looks for work afterwards in any case.
+    """
+    if sessions_shared():
+        return False  # nothing listens (``_opening``)
+    channel = _probe_channel()
+    conn.execute(_listen(channel))
+    try:
+        with psycopg.connect(**connection_params(), autocommit=True) as other:
+            other.execute(NOTIFY_PROBE, {"channel": channel})
+        with contextlib.closing(conn.notifies(timeout=timeout)) as notes:
+            return any(note.channel == channel for note in notes)
+    finally:
+        conn.execute(_listen(channel, "UNLISTEN"))
+
+
+async def heard_async(conn: psycopg.AsyncConnection, timeout: float) -> bool:
+    """``heard`` for asyncio code (the claims' wake-ups)."""
+    if await sync_to_async(sessions_shared, thread_sensitive=False)():
+        return False  # nothing listens (``_opening``)
+    channel = _probe_channel()
+    await conn.execute(_listen(channel))
+    try:
+        params = await sync_to_async(connection_params)()
+        async with await psycopg.AsyncConnection.connect(**params, autocommit=True) as other:
+            await other.execute(NOTIFY_PROBE, {"channel": channel})
+        async with contextlib.aclosing(conn.notifies(timeout=timeout)) as notes:
+            async for note in notes:
+                if note.channel == channel:
+                    return True
+        return False
+    finally:
+        await conn.execute(_listen(channel, "UNLISTEN"))
+
+
+def _probe_channel() -> str:
+    return f"listen_probe_{secrets.token_hex(8)}"

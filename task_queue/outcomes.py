@@ -135,8 +135,8 @@ class OutcomeWriter:
             self._on_written([(outcome.task.id, outcome.task.lease_token)])
 
     def _write(self, batch: list[Outcome]) -> None:
-        outcomes_sql.prepare_outcome_session()
-        recorded = write_outcomes(self.owner, batch, self.now())
+        with outcomes_sql.writing_outcomes():
+            recorded = write_outcomes(self.owner, batch, self.now())
         refused = [o for o in batch if o.task.id not in recorded]
         for outcome in refused:
             with about_task(outcome.task, self.owner):
@@ -167,7 +167,7 @@ def write_outcomes(
     if done := by_kind.get(OutcomeKind.COMPLETED):
         # Results in blobs are checked (or written again) under their blobs' locks
         # in the transaction that references them: see task_queue.blobs.
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):  # (the writer's own transaction, if any)
             for o in done:
                 if o.result_ref:
                     blobs.keep(o.result_blob)

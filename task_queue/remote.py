@@ -15,7 +15,8 @@ Every step is runworker's own statement, not a copy:
 
 The one difference is where the claim's and the outcomes' session settings live: on
 the web server's pooled connections they last the transaction only
-(``prepare_claim_transaction``, ``prepare_outcome_transaction``). Their plans are made
+(``prepare_claim_transaction``, ``prepare_outcome_transaction``), as runworker's do
+behind a pooler in transaction mode. Their plans are made
 again as the table grows, as runworker's are (``remake_plans_when_grown``, which keeps
 its bookkeeping per connection): without it a pooled connection kept the generic claim
 plan it made on a small table, and remote claims took 3 ms at the median and 40-60 ms

@@ -5,8 +5,9 @@ from typing import Any
 from django.core.management.base import CommandError
 from django.db import connections
 
-# Migration queue 0030 calls random(min, max), which PostgreSQL has from 17 on.
-MIN_SERVER_VERSION_NUM, MIN_SERVER_VERSION = 170000, "17"
+# The oldest PostgreSQL the schema is tested on. The ids of queue 0030 and 0041 take
+# 52 random bits from random(), which PostgreSQL 14 gives only 48 of.
+MIN_SERVER_VERSION_NUM, MIN_SERVER_VERSION = 150000, "15"
 
 SERVER = """
 SELECT current_setting('server_version_num')::int, current_setting('server_version'),
@@ -26,16 +27,16 @@ def require_a_capable_server(using: str = "default", **kwargs: Any) -> None:
     problems = []
     if number < MIN_SERVER_VERSION_NUM:
         problems.append(
-            f"is older than PostgreSQL {MIN_SERVER_VERSION}, which the schema needs "
-            "(migration queue 0030 calls random(min, max))"
+            f"is older than PostgreSQL {MIN_SERVER_VERSION}, the oldest the schema is "
+            "tested on (its ids take 52 random bits from random())"
         )
     if not has_pgvector:
         problems.append("lacks the pgvector extension, which the schema needs")
     if problems:
         raise CommandError(
             f"the PostgreSQL server ({version}) {' and '.join(problems)}: use PostgreSQL "
-            f"{MIN_SERVER_VERSION} or newer with pgvector (the pgvector/pgvector:pg17 image, "
-            "or postgresql-17-pgvector from the PostgreSQL project's apt repository, "
-            "apt.postgresql.org, on Debian and Ubuntu), or unset DATABASE_URL to use the "
-            "embedded server, which has both"
+            f"{MIN_SERVER_VERSION} or newer with pgvector (a pgvector/pgvector image, or "
+            f"postgresql-{max(number // 10000, 15)}-pgvector from the PostgreSQL project's apt "
+            "repository, apt.postgresql.org, on Debian and Ubuntu), or unset DATABASE_URL "
+            "to use the embedded server, which has both"
         )

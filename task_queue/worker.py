@@ -119,7 +119,11 @@ class Worker:
         self._writer = OutcomeWriter(
             self.id, now, written=self._wake, on_written=self._settled if self._follower else None
         )
-        self._listener = Listener(self.agents, self._wake) if self._follower is None else None
+        self._listener = (
+            Listener(self.agents, self._wake, config.poll_seconds)
+            if self._follower is None
+            else None
+        )
         self._process = psutil.Process()  # for the memory the heartbeat reports
         # Once the worker's row is deleted no heartbeat writes it again (the upsert
         # would bring back a stale row): the lock orders a heartbeat in flight first.
@@ -133,8 +137,9 @@ class Worker:
         self._writer.start()
         if self._listener is not None:
             self._listener.start()
-            if not self._listener.ready.wait(10):
-                logger.warning("LISTEN not in effect after 10 s; relying on polling")
+            # Ready once notifications are seen to arrive; where they do not, the
+            # listener warns, and the worker polls.
+            self._listener.ready.wait(self._listener.check_seconds + 1)
         for i in range(self.config.concurrency):
             threading.Thread(target=self._handle_loop, name=f"handler-{i}", daemon=True).start()
         self._heartbeat()  # registers the worker before it takes any task
@@ -171,7 +176,6 @@ class Worker:
             self._wake.clear()
             free = self._free_slots()
             try:
-                leasing.prepare_claim_session()  # settings once, stale plans remade
                 claimed = self._claim_and_dispatch(free) if free else 0
                 if free and claimed == free:
                     continue  # there may be more due right now
@@ -245,14 +249,15 @@ class Worker:
             if self._follower is not None:  # the follower may have taken slots
                 limit = min(limit, self._free_slots())
             began = tracing.active.claim_began()
-            claimed = leasing.claim_tasks(
-                owner=self.id,
-                agents=list(self.agents),
-                limit=limit,
-                lease_seconds=self.config.lease_seconds,
-                now=self.now(),
-                position=self._claim_position,
-            )
+            with leasing.claiming():  # settings and stale plans; the claim's transaction
+                claimed = leasing.claim_tasks(
+                    owner=self.id,
+                    agents=list(self.agents),
+                    limit=limit,
+                    lease_seconds=self.config.lease_seconds,
+                    now=self.now(),
+                    position=self._claim_position,
+                )
             if not claimed:
                 return 0
             tracing.active.claimed(claimed, began, self.id)

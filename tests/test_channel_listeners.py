@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from task_queue import operations
-from task_queue.listen import connection_params, listening
+from task_queue.listen import listening
 from task_queue.operations import TaskSpec
 from task_queue.sql.channels import (
     EVENTS_CHANNEL,
@@ -19,6 +19,7 @@ from task_queue.sql.channels import (
     SWEEP_LISTENERS,
     TASK_CHANGES_CHANNEL,
 )
+from task_queue.sql.connections import connection_params
 from task_queue.sql.db import execute, fetch
 from tests.support.queue import complete_pending
 

@@ -186,10 +186,12 @@ def test_message_ids_are_random_version_4_uuids_unique_across_sessions():
 
 def test_the_message_id_default_is_the_sql_its_migration_set():
     # Django does not compare a default's SQL between the model and the migrations.
-    migration = importlib.import_module(
-        "task_queue.migrations.0030_outbox_message_id_from_session_random"
-    )
-    assert SessionRandomUUID.template == migration.SESSION_RANDOM_UUID
+    for name in (
+        "0030_outbox_message_id_from_session_random",
+        "0041_outbox_message_id_on_every_server",
+    ):
+        migration = importlib.import_module(f"task_queue.migrations.{name}")
+        assert SessionRandomUUID.template == migration.SESSION_RANDOM_UUID
 
 
 @pytest.mark.django_db(transaction=True)

@@ -199,32 +199,38 @@ def test_a_workers_sessions_plan_again_once_tasks_has_doubled(set_up, new_connec
     monkeypatch.setattr(db, "PLANS_CHECKED_EVERY_SECONDS", 0)
     with _autovacuum_off("tasks"):
         _analysed_empty()
-        set_up()
+        with transaction.atomic():  # (the transactions' set-ups need one)
+            set_up()
         execute("PREPARE every_task AS SELECT id FROM tasks", {})
         planned_for_none = _rows_planned("every_task")
         assert planned_for_none < 100
 
         execute(BURST.replace("20000", "100"), {})  # about 16 kB
-        set_up()
+        with transaction.atomic():  # (the transactions' set-ups need one)
+            set_up()
         assert _rows_planned("every_task") == planned_for_none
 
         execute(BURST, {})  # about 3 MB
-        set_up()
+        with transaction.atomic():  # (the transactions' set-ups need one)
+            set_up()
         planned_for_the_burst = _rows_planned("every_task")
         assert planned_for_the_burst > 1_000  # from its pages, not its rows
 
         execute(BURST.replace("20000", "5000"), {})  # a quarter more
-        set_up()
+        with transaction.atomic():  # (the transactions' set-ups need one)
+            set_up()
         assert _rows_planned("every_task") == planned_for_the_burst
 
         # Emptied (PostgreSQL plans again itself, for an empty table), then a burst
         # smaller than twice the largest size seen before.
         execute("TRUNCATE tasks", {})
         _analysed_empty()
-        set_up()
+        with transaction.atomic():  # (the transactions' set-ups need one)
+            set_up()
         assert _rows_planned("every_task") == planned_for_none
         execute(BURST, {})
-        set_up()
+        with transaction.atomic():  # (the transactions' set-ups need one)
+            set_up()
         assert _rows_planned("every_task") > 1_000
 
 

@@ -12,9 +12,9 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from task_queue import metrics, operations, registry
-from task_queue.listen import connection_params
 from task_queue.models import HISTOGRAM_BOUNDS, Task, TaskStatus
 from task_queue.sql import counts, db
+from task_queue.sql.connections import connection_params
 from tests.support.api import token
 from tests.support.history import at, seed_history
 

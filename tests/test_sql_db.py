@@ -8,6 +8,7 @@ import pytest
 from django.db import DatabaseError, DataError, IntegrityError, connection, transaction
 from django.db.transaction import TransactionManagementError
 
+from task_queue.sql.connections import sessions_shared
 from task_queue.sql.db import execute, fetch, fetch_bound, fetch_bound_each, set_up_session
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -131,3 +132,9 @@ def test_a_session_is_set_up_once_per_connection_and_again_on_a_new_one():
     connection.close()  # as the worker does after a connection error
     set_up_session(COUNT_SET_UPS)
     assert fetch(SET_UPS, {}) == [("1",)]
+
+
+def test_a_direct_connection_is_not_taken_for_a_pooled_one():
+    # Two connections of their own keep their backends (behind PgBouncer in transaction
+    # mode they do not: tests/test_pgbouncer.py).
+    assert not sessions_shared()

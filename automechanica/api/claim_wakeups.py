@@ -25,13 +25,16 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
 
-from task_queue.listen import listening_async
+from task_queue.listen import HEARD_WITHIN_SECONDS, heard_async, listening_async
 from task_queue.sql import heartbeats
 from task_queue.sql.channels import NOTIFY_CHANNEL
 
 logger = logging.getLogger(__name__)
 
 RECONNECT_SECONDS = 1.0
+# Without a LISTEN in effect (the database unreachable, or a pooler in transaction mode
+# in between), waiting claims are run again this often.
+UNHEARD_RETRY_SECONDS = 1.0
 
 
 class ClaimWakeups:
@@ -111,7 +114,16 @@ class ClaimWakeups:
         while True:
             try:
                 async with listening_async(NOTIFY_CHANNEL) as conn:
-                    self.listening.set()
+                    if await heard_async(conn, HEARD_WITHIN_SECONDS):
+                        self.listening.set()
+                    else:  # waiting claims then look again every UNHEARD_RETRY_SECONDS
+                        logger.warning(
+                            "LISTEN is not in effect: a notification did not arrive within "
+                            "%.1f s (a pooler in transaction mode?); waiting claims look "
+                            "for tasks every %.1f s instead",
+                            HEARD_WITHIN_SECONDS,
+                            UNHEARD_RETRY_SECONDS,
+                        )
                     self._wake(None)  # anything that came while no one listened
                     async for note in conn.notifies():
                         self._wake(note.payload)

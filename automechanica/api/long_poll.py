@@ -36,13 +36,11 @@ from django.db import close_old_connections
 from task_queue import remote
 from task_queue.storable import text_problem
 
-from .claim_wakeups import wakeups
+from .claim_wakeups import UNHEARD_RETRY_SECONDS, wakeups
 
 # The key of the request's LongPoll in the ASGI scope (the view reads request.scope).
 LONG_POLL = "automechanica.long_poll"
 CLAIM_PATH = re.compile(r"/api/v1/agents/(?P<agent>[^/]+)/claim/?")
-# Without a LISTEN in effect (the database unreachable), claims are retried this often.
-UNHEARD_RETRY_SECONDS = 1.0
 # The least wait before the claim runs again for a task that is due already.
 DUE_RETRY_SECONDS = 0.05
 

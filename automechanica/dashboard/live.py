@@ -30,7 +30,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
-from task_queue.listen import listening_async
+from task_queue.listen import HEARD_WITHIN_SECONDS, heard_async, listening_async
 from task_queue.models import REVIVABLE_STATUSES
 from task_queue.sql.channels import TASK_CHANGES_CHANNEL
 
@@ -149,6 +149,13 @@ class Hub:
         while True:
             try:
                 async with listening_async(TASK_CHANGES_CHANNEL) as conn:
+                    if not await heard_async(conn, HEARD_WITHIN_SECONDS):
+                        logger.warning(
+                            "LISTEN is not in effect (a pooler in transaction mode?): the "
+                            "dashboard's task lists are not updated live, its counts every "
+                            "%.0f s",
+                            TICK_SECONDS,
+                        )
                     self.listening.set()
                     async for note in conn.notifies():
                         await self._dispatch(json.loads(note.payload))

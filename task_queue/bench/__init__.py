@@ -184,8 +184,11 @@ class CostMeter:
 
     The server's processes are found from this session's backend (its parent is the
     postmaster): a server on another machine has no processes here, and its CPU time
-    is reported as ``None``. Backends that exit during the drain take their time with
-    them; the workers' connections live as long as the workers.
+    is reported as ``None``. Each process counts the time it spent since the start (a
+    process started since, all of its time): backends that exit during the drain take
+    their time with them, and on a server that other clients share (the suite's
+    parallel processes on one system server) their coming and going cannot make the
+    sum fall. The workers' connections live as long as the workers.
     """
 
     def __init__(self, workers: list[subprocess.Popen]) -> None:
@@ -199,12 +202,10 @@ class CostMeter:
 
     def per_task(self, tasks: int) -> dict[str, float | None]:
         wal, _ = bench_sql.server_counters()
-        server = _cpu_seconds(_family(self.postmaster)) if self.postmaster else None
+        server = _cpu_since(_family(self.postmaster), self.server_cpu) if self.postmaster else None
         return {
-            "postgres_cpu_us": (
-                round((server - self.server_cpu) / tasks * 1e6, 1) if server is not None else None
-            ),
-            "worker_cpu_us": round((_cpu_seconds(self.workers) - self.worker_cpu) / tasks * 1e6, 1),
+            "postgres_cpu_us": round(server / tasks * 1e6, 1) if server is not None else None,
+            "worker_cpu_us": round(_cpu_since(self.workers, self.worker_cpu) / tasks * 1e6, 1),
             "wal_bytes": round((wal - self.wal) / tasks),
         }
 
@@ -225,15 +226,23 @@ def _family(process: psutil.Process | None) -> list[psutil.Process]:
         return []
 
 
-def _cpu_seconds(processes: list[psutil.Process]) -> float:
-    total = 0.0
+def _cpu_seconds(processes: list[psutil.Process]) -> dict[psutil.Process, float]:
+    """Each process's CPU time so far (a process is its pid and start time)."""
+    spent = {}
     for process in processes:
         try:
             times = process.cpu_times()
         except psutil.Error:
             continue  # exited since it was listed
-        total += times.user + times.system
-    return total
+        spent[process] = times.user + times.system
+    return spent
+
+
+def _cpu_since(processes: list[psutil.Process], before: dict[psutil.Process, float]) -> float:
+    """The CPU time ``processes`` spent since ``before`` was read (``_cpu_seconds``)."""
+    return sum(
+        seconds - before.get(process, 0.0) for process, seconds in _cpu_seconds(processes).items()
+    )
 
 
 def _throughput(

@@ -6,13 +6,16 @@ from task_queue.models.stream import SessionRandomUUID
 # gen_random_uuid(), which on a PostgreSQL built without OpenSSL (the embedded one)
 # opens, reads and closes the kernel's random source for every id: 5 % of
 # PostgreSQL's time in a drain, two envelopes a task (docs/performance.md). Still a
-# version 4 UUID with 122 random bits; rows already written keep theirs. Needs
-# PostgreSQL 17 (random(min, max)). The SQL is written out here, as it was when this
-# migration was made; SessionRandomUUID gives the same to Django's model state.
+# version 4 UUID with 122 random bits; rows already written keep theirs. The SQL is
+# written out here; SessionRandomUUID gives the same to Django's model state. Until
+# 2026-11-29 it called PostgreSQL 17's random(min, max); it now takes its bits from
+# random(), as on PostgreSQL 15 and 16, and queue 0041 sets the same on databases
+# migrated before.
 SESSION_RANDOM_UUID = (
-    "encode(int8send((random(-9223372036854775807, 9223372036854775807)"
-    " & ~x'F000'::bigint) | x'4000'::bigint)"
-    " || int8send(random(0, 4611686018427387903) | x'8000000000000000'::bigint),"
+    "encode(int8send((floor(random() * 281474976710656)::bigint << 16)"
+    " | x'4000'::bigint | floor(random() * 4096)::bigint)"
+    " || int8send((floor(random() * 4503599627370496)::bigint << 10)"
+    " | floor(random() * 1024)::bigint | x'8000000000000000'::bigint),"
     " 'hex')::uuid"
 )
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 NOTIFY_CHANNEL = "automechanica_tasks"
 
+# A notification from one connection to another's channel of its own, to see whether
+# LISTEN is in effect (task_queue.listen.heard).
+NOTIFY_PROBE = "SELECT pg_notify(%(channel)s, '')"
+
 
 # Every statement that changes tasks (all but lease renewals) notifies here while
 # someone listens (a trigger, migrations queue 0004, 0006 and 0026): {"tasks": [[id,

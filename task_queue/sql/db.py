@@ -19,9 +19,10 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from django.conf import settings
 from django.db import connection
 from psycopg.types.array import ListBinaryDumper
+
+from .connections import prepared_statements_allowed
 
 # The statement's time: inlined rather than joined from a CTE, so the planner can
 # use it as an index bound.
@@ -72,8 +73,7 @@ def fetch_bound_each(
     (which this must run in: the runs before were sent) rolls back with it. If a run
     sent before had failed, psycopg logs that error and the exception is raised.
     """
-    if not connection.in_atomic_block:  # outside one, ending the pipeline commits
-        raise RuntimeError("fetch_bound_each needs the caller's transaction")
+    require_transaction("fetch_bound_each")  # outside one, ending the pipeline commits
     connection.ensure_connection()
     connection.validate_no_broken_transaction()
     prepared = _may_prepare(prepared)
@@ -109,10 +109,10 @@ def _may_prepare(asked: bool) -> bool:
     no other.
 
     Django opens connections with psycopg's prepared statements off, so that they work
-    through a pooler that cannot keep them (PgBouncer in transaction mode); such a
-    deployment turns ``QUEUE_PREPARED_STATEMENTS`` off.
+    through a pooler that cannot keep them (PgBouncer in transaction mode); behind
+    one, these are off too (``task_queue.sql.connections``).
     """
-    if not (asked and settings.QUEUE_PREPARED_STATEMENTS):
+    if not (asked and prepared_statements_allowed()):
         return False
     if connection.connection.prepare_threshold is None:
         connection.connection.prepare_threshold = _ONLY_WHEN_ASKED
@@ -148,6 +148,13 @@ def set_up_session(statement: str) -> None:
     if statement not in done:
         fetch(statement, {})
         done.add(statement)
+
+
+def require_transaction(what: str) -> None:
+    """Refuse to go on outside a transaction: ``set_config(..., true)`` there would
+    last one statement."""
+    if not connection.in_atomic_block:
+        raise RuntimeError(f"{what} needs the caller's transaction")
 
 
 TABLE_BYTES = "SELECT pg_relation_size(%(table)s::regclass)"

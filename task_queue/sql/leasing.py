@@ -9,22 +9,26 @@ way. A worker whose lease expired finds its write affects no row, and learns it.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+from django.db import transaction
 from psycopg.types.numeric import Int4
 
 from task_queue.claim_position import ClaimPosition
 from task_queue.leases import Lease
 from task_queue.sql import locks
+from task_queue.sql.connections import sessions_shared
 from task_queue.sql.db import (
     NOW,
     fetch,
     fetch_bound,
     remake_plans_when_grown,
+    require_transaction,
     set_up_session,
 )
 
@@ -42,13 +46,14 @@ HELD = TASK_LEASE.held_rows
 FENCED = TASK_LEASE.fenced_batch("t")
 
 
-# The settings a claim runs under (why each: prepare_claim_session).
+# The settings a claim runs under (why each: prepare_claim_transaction).
 CLAIM_SETTINGS = {
     "synchronous_commit": "off",
     "enable_sort": "off",
     "enable_hashjoin": "off",
     "enable_mergejoin": "off",
     "plan_cache_mode": "force_generic_plan",
+    "jit": "off",
 }
 
 
@@ -57,28 +62,61 @@ def _set_claim_settings(is_local: bool) -> str:
     return f"SELECT {items}"
 
 
-# For as long as the connection lasts: a worker's fetch loop, whose connection is its own.
+# For as long as the connection lasts: a worker's fetch loop, whose connection is its
+# own (not behind a pooler that shares server sessions between clients).
 PREPARE_CLAIM_SESSION = _set_claim_settings(False)
-# Until the transaction ends: a claim on a connection others use after it (the web
-# server's pool, for the worker protocol over HTTP), which must not keep them. It also
-# reads the transaction's clock (now(): its start), which every claim statement in it
-# uses, so that the caller knows when the leases it grants end without asking again.
+# Until the transaction ends, never longer: a claim on a connection that others use
+# after it (the web server's pool, for the worker protocol over HTTP; a pooler in
+# transaction mode in front of the database). It also reads the transaction's clock
+# (now(): its start), which every claim statement in it uses, so that the caller knows
+# when the leases it grants end without asking again.
 PREPARE_CLAIM_TRANSACTION = f"{_set_claim_settings(True)}, now()"
+
+
+@contextmanager
+def claiming() -> Iterator[None]:
+    """Where a worker's claim runs: on its connection set up for claiming
+    (``prepare_claim_session``), in autocommit; or, where server sessions are shared
+    with other clients (a pooler in transaction mode: ``connections.sessions_shared``),
+    in a transaction of its own, whose settings end with it
+    (``prepare_claim_transaction``), so that no other client of the pooler inherits
+    them. The second costs three more round trips a claim: in queue_bench, 2 to 7 µs
+    of PostgreSQL's CPU and 7 to 9 µs of the worker's a task, and a tenth of the drain
+    rate."""
+    if sessions_shared():
+        with transaction.atomic():
+            prepare_claim_transaction()
+            yield
+    else:
+        prepare_claim_session()
+        yield
 
 
 def prepare_claim_session() -> None:
     """Set up this thread's connection for claiming: its settings once per
-    connection, its plans made again when stale (the fetch loop calls it before every
-    claim). The worker's fetch loop runs
+    connection (why each: ``prepare_claim_transaction``), its plans made again when
+    stale (the fetch loop calls it before every claim). The worker's fetch loop runs
     claims and the due time (``next_due_at``) on it, and at the end, on the same
     thread, the release of unfinished tasks and the removal of its row: none of these
-    sorts.
+    sorts."""
+    set_up_session(PREPARE_CLAIM_SESSION)
+    remake_plans_when_grown("tasks")
+
+
+def prepare_claim_transaction() -> datetime:
+    """Set up the current transaction (call it inside one) for claiming: the claim's
+    settings until it ends, and the connection's plans made again when stale; for a
+    connection that others use after it (the web server's pool; any connection behind
+    a pooler in transaction mode, where a session setting would go to the pooler's
+    other clients: another application would commit without waiting for the WAL
+    flush). Returns the transaction's clock: a lease granted in it for L seconds ends
+    at this time plus L.
 
     ``synchronous_commit`` off: a claim commits without waiting for the WAL flush. If
     the database crashes and loses one, the task is pending or its lease runs out, the
     worker's fenced outcome write is refused, and the task runs again, as after any
     crash. A release lost that way leaves its tasks to the reaper when their leases
-    run out. Outcomes (the outcome writer's own connection) stay durable.
+    run out. Outcomes (the outcome writer's) stay durable.
 
     ``plan_cache_mode``: the claim is a prepared statement (``fetch_bound``), and
     runs its one generic plan from the first run on, the plan tests/test_generic_plans.py
@@ -102,17 +140,14 @@ def prepare_claim_session() -> None:
     scan is taken; the claim's other sorts (at most its limit of rows) have no
     alternative and stay.
 
+    ``jit`` off: before PostgreSQL 18 each disabled method added 10^10 to a plan's
+    cost, far above ``jit_above_cost``, so a server with JIT (PostgreSQL 15's from
+    Debian) compiled every claim: 0.47 s of a 0.73 s claim of 10 tasks, and a drain of
+    500 tasks took 22 s instead of a tenth of a second.
+
     Stale plans: ``remake_plans_when_grown``.
     """
-    set_up_session(PREPARE_CLAIM_SESSION)
-    remake_plans_when_grown("tasks")
-
-
-def prepare_claim_transaction() -> datetime:
-    """The claim's settings until the current transaction ends (call it inside one),
-    for a connection that is not the claimer's own: the web server's, from its pool.
-    Returns the transaction's clock: a lease granted in it for L seconds ends at this
-    time plus L. Its plans are made again as the table grows, as a worker's are."""
+    require_transaction("prepare_claim_transaction")
     remake_plans_when_grown("tasks")
     return fetch(PREPARE_CLAIM_TRANSACTION, {})[0][-1]
 

@@ -4,18 +4,23 @@ cancelled, released; each with its history row in the same statement.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from functools import cache
 from uuid import UUID
 
+from django.db import transaction
+
 from task_queue.leases import backoff, held_params
+from task_queue.sql.connections import sessions_shared
 from task_queue.sql.db import (
     NOW,
     execute,
     fetch,
     fetch_bound,
     remake_plans_when_grown,
+    require_transaction,
     set_up_session,
 )
 from task_queue.sql.leasing import FENCED, HELD, TASK_LEASE
@@ -81,8 +86,23 @@ SELECT id FROM completed
 # every batch (a drain ran at 2,400 tasks/s).
 PREPARE_OUTCOME_SESSION = "SELECT set_config('plan_cache_mode', 'force_generic_plan', false)"
 # The same until the transaction ends, on a connection others use after it (the web
-# server's pool, for the worker protocol over HTTP).
+# server's pool, for the worker protocol over HTTP; a pooler in transaction mode).
 PREPARE_OUTCOME_TRANSACTION = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
+
+
+@contextmanager
+def writing_outcomes() -> Iterator[None]:
+    """Where a worker's outcome writer writes a batch: on its connection set up for it
+    (``prepare_outcome_session``), or, where server sessions are shared with other
+    clients (``connections.sessions_shared``), in a transaction of its own whose
+    settings end with it (as ``leasing.claiming``)."""
+    if sessions_shared():
+        with transaction.atomic():
+            prepare_outcome_transaction()
+            yield
+    else:
+        prepare_outcome_session()
+        yield
 
 
 def prepare_outcome_session() -> None:
@@ -94,8 +114,10 @@ def prepare_outcome_session() -> None:
 
 
 def prepare_outcome_transaction() -> None:
-    """The outcome session's settings until the current transaction ends; its plans
-    made again as the table grows, as the outcome writer's are."""
+    """The outcome session's settings until the current transaction ends (call it
+    inside one); its plans made again as the table grows, as the outcome writer's
+    are."""
+    require_transaction("prepare_outcome_transaction")
     remake_plans_when_grown("tasks")
     execute(PREPARE_OUTCOME_TRANSACTION, {})
 

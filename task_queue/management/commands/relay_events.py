@@ -8,12 +8,14 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
 
 from task_queue.management.checks import ChecksWithoutUrls
 from task_queue.relay.brokers import BrokerURLError, broker_module
 from task_queue.relay.dispatcher import Dispatcher
 from task_queue.relay.loop import BrokerUnavailable, Relay, RelayBusy
 from task_queue.relay.names import NAMESPACE, Names, destination_key
+from task_queue.sql.connections import probe_sessions_shared
 
 logger = logging.getLogger("task_queue.relay")
 
@@ -86,6 +88,14 @@ class Command(ChecksWithoutUrls, BaseCommand):
         namespace = options["namespace"]
         if not NAMESPACE.fullmatch(namespace):
             raise CommandError("--namespace: letters, digits, _ and - only")
+        with connection.wrap_database_errors:  # (the probe alone: no warning logged)
+            shared = probe_sessions_shared()
+        if shared:
+            raise CommandError(
+                "relay_events holds a session lock (one relay per destination), which a "
+                "pooler in transaction mode cannot keep: point its DATABASE_URL at "
+                "PostgreSQL itself"
+            )
         destination = destination_key(url, namespace)
         relay = Relay(
             broker.Bridge(url, Names(namespace), confirm_timeout=options["confirm_timeout"]),
