@@ -81,8 +81,9 @@ def server_defaults() -> tuple[str, ...]:
         return tuple(direct.execute(SETTINGS).fetchone())
 
 
-def test_a_burst_worker_drains_and_leaves_no_setting_on_the_pool(pooler):
-    enqueue_many([TaskSpec("EchoAgent", "echo", {"n": n}) for n in range(500)])
+def test_enqueue_and_a_burst_worker_drain_and_leave_no_setting_on_the_pool(pooler):
+    enqueued = manage(pooler, "enqueue", "EchoAgent", "echo", "--count", "500")
+    assert enqueued.returncode == 0, enqueued.stderr[-3000:]
 
     worker = manage(pooler, "runworker", "EchoAgent", "--burst", "--concurrency", "20")
 
