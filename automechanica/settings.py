@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import dj_database_url
+import psycopg.conninfo
 
 from automechanica.deployment import (
     ONE_YEAR_SECONDS,
@@ -118,6 +119,17 @@ else:
             "NAME": os.environ.get("AUTOMECHANICA_DB_NAME", "automechanica"),
         }
     }
+
+# Where DATABASE_URL reaches a pooler in transaction mode, LISTEN cannot work through
+# it: DATABASE_LISTEN_URL, the same database reached directly, is used for LISTEN
+# alone (task_queue.listen), so that workers, waiting claims and the dashboard are
+# woken as usual. Unset, LISTEN goes where DATABASE_URL does.
+DATABASE_LISTEN_URL = os.environ.get("DATABASE_LISTEN_URL", "").strip() or None
+if DATABASE_LISTEN_URL:
+    try:
+        psycopg.conninfo.conninfo_to_dict(DATABASE_LISTEN_URL)
+    except psycopg.ProgrammingError as error:
+        raise SettingsRefused(f"DATABASE_LISTEN_URL is not a PostgreSQL URL: {error}") from None
 
 # The web server's connections come from a pool (automechanica.web_db_pool), per
 # daphne process: kept open from 2 up to WEB_DB_POOL_MAX_SIZE (10; 0: no pool, a

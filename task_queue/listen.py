@@ -7,7 +7,8 @@ not Django's (Django's is shared with the caller's transactions), opened with
 Django's connection settings.
 
 ``heard`` checks that a LISTEN is in effect: a notification sent from another
-connection must come back.
+connection, as writers send theirs, must come back. Behind a pooler in transaction mode
+LISTEN needs a connection of its own to the database (``DATABASE_LISTEN_URL``).
 
 A connection listening on one of the channels whose notifications are sent only while
 someone listens (the dashboard's and the event stream's, ``REGISTERED_CHANNELS``)
@@ -32,7 +33,7 @@ from task_queue.sql.channels import (
     SWEEP_LISTENERS,
     UNREGISTER_LISTENER,
 )
-from task_queue.sql.connections import connection_params, sessions_shared
+from task_queue.sql.connections import connection_params, listen_params, listen_sessions_shared
 
 
 def _listen(channel: str, verb: str = "LISTEN") -> str:
@@ -67,10 +68,10 @@ def _closing(channel: str, shared: bool) -> list[tuple[str, dict[str, str]]]:
 @contextmanager
 def listening(channel: str) -> Iterator[psycopg.Connection]:
     """A connection of its own, listening on ``channel``; read it with ``notifies()``.
-    Where server sessions are shared (a pooler in transaction mode) it does not listen,
-    and ``heard`` says so at once."""
-    shared = sessions_shared()
-    with psycopg.connect(**connection_params(), autocommit=True) as conn:
+    Where its server session would be shared (a pooler in transaction mode, and no
+    ``DATABASE_LISTEN_URL``) it does not listen, and ``heard`` says so at once."""
+    shared = listen_sessions_shared()
+    with psycopg.connect(**listen_params(), autocommit=True) as conn:
         try:
             for statement, params in _opening(channel, shared):
                 conn.execute(statement, params)
@@ -84,8 +85,8 @@ def listening(channel: str) -> Iterator[psycopg.Connection]:
 @asynccontextmanager
 async def listening_async(channel: str) -> AsyncIterator[psycopg.AsyncConnection]:
     """``listening`` for asyncio code (the dashboard's hub)."""
-    params = await sync_to_async(connection_params)()
-    shared = await sync_to_async(sessions_shared, thread_sensitive=False)()
+    params = await sync_to_async(listen_params)()
+    shared = await sync_to_async(listen_sessions_shared, thread_sensitive=False)()
     async with await psycopg.AsyncConnection.connect(**params, autocommit=True) as conn:
         try:
             for statement, values in _opening(channel, shared):
@@ -111,7 +112,7 @@ def heard(conn: psycopg.Connection, timeout: float) -> bool:
     tells. Notifications on ``conn``'s other channels that arrive meanwhile are
     consumed: the caller looks for work afterwards in any case.
     """
-    if sessions_shared():
+    if listen_sessions_shared():
         return False  # nothing listens (``_opening``)
     channel = _probe_channel()
     conn.execute(_listen(channel))
@@ -126,7 +127,7 @@ def heard(conn: psycopg.Connection, timeout: float) -> bool:
 
 async def heard_async(conn: psycopg.AsyncConnection, timeout: float) -> bool:
     """``heard`` for asyncio code (the claims' wake-ups)."""
-    if await sync_to_async(sessions_shared, thread_sensitive=False)():
+    if await sync_to_async(listen_sessions_shared, thread_sensitive=False)():
         return False  # nothing listens (``_opening``)
     channel = _probe_channel()
     await conn.execute(_listen(channel))

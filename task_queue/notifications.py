@@ -47,8 +47,8 @@ class Listener:
                     else:
                         logger.warning(
                             "LISTEN is not in effect: a notification did not arrive within "
-                            "%.1f s (a pooler in transaction mode?); polling for new tasks "
-                            "every %.1f s instead",
+                            "%.1f s (behind a pooler in transaction mode, set "
+                            "DATABASE_LISTEN_URL); polling for new tasks every %.1f s instead",
                             self.check_seconds,
                             self.poll_seconds,
                         )

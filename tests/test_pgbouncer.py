@@ -22,6 +22,7 @@ from task_queue.models import Task
 from task_queue.operations import TaskSpec, enqueue_many
 from task_queue.sql.connections import connection_params
 from tests.support.api import token
+from tests.support.database import database_url
 from tests.support.pgbouncer import POOL_SIZE, PgBouncer, pgbouncer_binary, start_pgbouncer
 from tests.support.processes import REPO, manage_env
 from tests.support.server import http
@@ -118,6 +119,41 @@ def test_a_waiting_worker_warns_that_listen_is_not_in_effect_and_polls(pooler):
             timeout=30,
             what="the task, found by polling",
         )
+    finally:
+        worker.terminate()
+        worker.wait(30)
+
+
+def test_with_a_listen_url_a_worker_behind_the_pool_is_woken_by_notifications(pooler):
+    # It never polls in this test (an hour between polls): only a notification, sent
+    # by an enqueue through the pool, can wake it.
+    worker = subprocess.Popen(
+        [sys.executable, "manage.py", "runworker", "EchoAgent"],
+        cwd=REPO,
+        env=pooled_env(pooler, DATABASE_LISTEN_URL=database_url(), QUEUE_POLL_SECONDS="3600"),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(worker.stderr), daemon=True).start()
+    try:
+        wait_for(
+            lambda: any(" ready: agents " in line for line in lines),
+            timeout=30,
+            what="the worker to start",
+            describe=lambda: "".join(lines)[-3000:],
+        )
+        enqueued = manage(pooler, "enqueue", "EchoAgent", "echo")
+        assert enqueued.returncode == 0, enqueued.stderr[-3000:]
+        task_id = enqueued.stdout.strip()
+        wait_for(
+            lambda: Task.objects.get(id=task_id).status == "completed",
+            timeout=30,
+            what="the task, found on a notification",
+            describe=lambda: "".join(lines)[-3000:],
+        )
+        assert not any("LISTEN is not in effect" in line for line in lines)
+        assert any("LISTEN goes to DATABASE_LISTEN_URL" in line for line in lines)
     finally:
         worker.terminate()
         worker.wait(30)

@@ -119,8 +119,9 @@ class ClaimWakeups:
                     else:  # waiting claims then look again every UNHEARD_RETRY_SECONDS
                         logger.warning(
                             "LISTEN is not in effect: a notification did not arrive within "
-                            "%.1f s (a pooler in transaction mode?); waiting claims look "
-                            "for tasks every %.1f s instead",
+                            "%.1f s (behind a pooler in transaction mode, set "
+                            "DATABASE_LISTEN_URL); waiting claims look for tasks every %.1f s "
+                            "instead",
                             HEARD_WITHIN_SECONDS,
                             UNHEARD_RETRY_SECONDS,
                         )

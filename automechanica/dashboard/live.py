@@ -151,9 +151,9 @@ class Hub:
                 async with listening_async(TASK_CHANGES_CHANNEL) as conn:
                     if not await heard_async(conn, HEARD_WITHIN_SECONDS):
                         logger.warning(
-                            "LISTEN is not in effect (a pooler in transaction mode?): the "
-                            "dashboard's task lists are not updated live, its counts every "
-                            "%.0f s",
+                            "LISTEN is not in effect (behind a pooler in transaction mode, "
+                            "set DATABASE_LISTEN_URL): the dashboard's task lists are not "
+                            "updated live, its counts every %.0f s",
                             TICK_SECONDS,
                         )
                     self.listening.set()

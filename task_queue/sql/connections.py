@@ -47,6 +47,20 @@ def connection_params() -> dict[str, Any]:
     return params
 
 
+def listen_params() -> dict[str, Any]:
+    """The parameters of a LISTEN connection: ``DATABASE_LISTEN_URL`` where it is set
+    (the database reached directly, beside a ``DATABASE_URL`` through a pooler),
+    Django's otherwise."""
+    url = settings.DATABASE_LISTEN_URL
+    return {"conninfo": url} if url else connection_params()
+
+
+def listen_sessions_shared() -> bool:
+    """Whether a LISTEN connection would share its server session with other clients:
+    it goes where ``DATABASE_URL`` does, and that is a pooler in transaction mode."""
+    return not settings.DATABASE_LISTEN_URL and sessions_shared()
+
+
 _lock = threading.Lock()
 _shared: bool | None = None  # this process's answer, once asked
 
@@ -59,8 +73,9 @@ def prepared_statements_allowed() -> bool:
 
 
 def sessions_shared() -> bool:
-    """Whether this process's connections share server sessions with other clients (a
-    pooler in transaction or statement mode): asked of the server once per process
+    """Whether this process's connections (Django's, and those of ``connection_params``)
+    share server sessions with other clients (a pooler in transaction or statement
+    mode): asked of the server once per process
     (``probe_sessions_shared``), and said once in a WARNING when they do. Database
     errors are Django's, as a statement's would be."""
     global _shared
@@ -74,10 +89,14 @@ def sessions_shared() -> bool:
                 logger.warning(
                     "the database is reached through a pooler that shares server sessions "
                     "between clients (PgBouncer in transaction mode?): each claim and "
-                    "outcome batch sets its settings in a transaction of its own, LISTEN "
-                    "is not used, and prepared statements are %s (QUEUE_PREPARED_STATEMENTS=%s)",
+                    "outcome batch sets its settings in a transaction of its own, "
+                    "prepared statements are %s (QUEUE_PREPARED_STATEMENTS=%s), and "
+                    "LISTEN %s",
                     "on" if prepared_statements_allowed() else "off",
                     settings.QUEUE_PREPARED_STATEMENTS,
+                    "goes to DATABASE_LISTEN_URL"
+                    if settings.DATABASE_LISTEN_URL
+                    else "is not used (set DATABASE_LISTEN_URL to the database itself)",
                 )
     return _shared
 
