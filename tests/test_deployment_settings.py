@@ -120,6 +120,14 @@ def test_a_pool_wait_that_is_not_a_positive_number_is_refused_in_one_line(value)
     ]
 
 
+@pytest.mark.parametrize("value", ["not a url", "postgresql://h/db?nope=1", "host=x bad"])
+def test_a_listen_url_that_is_not_a_postgresql_url_is_refused_in_one_line(value):
+    done = manage("check", DATABASE_LISTEN_URL=value)
+    assert done.returncode == 1
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("manage.py: DATABASE_LISTEN_URL is not a PostgreSQL URL: ")
+
+
 @pytest.mark.parametrize(
     "environment",
     [
