@@ -120,6 +120,14 @@ else:
         }
     }
 
+# Whether DATABASE_URL's server sessions are shared with other clients (a pooler in
+# transaction mode): "auto" asks the server once per process (task_queue.sql.
+# connections); "shared" or "own" says so where the check cannot tell.
+DATABASE_SESSIONS = os.environ.get("DATABASE_SESSIONS", "").strip().lower() or "auto"
+if DATABASE_SESSIONS not in {"auto", "shared", "own"}:
+    raise SettingsRefused(
+        f"DATABASE_SESSIONS must be auto, shared or own, not {os.environ['DATABASE_SESSIONS']!r}"
+    )
 # Where DATABASE_URL reaches a pooler in transaction mode, LISTEN cannot work through
 # it: DATABASE_LISTEN_URL, the same database reached directly, is used for LISTEN
 # alone (task_queue.listen), so that workers, waiting claims and the dashboard are

@@ -18,6 +18,7 @@ says so in ``channel_listeners`` first, and takes its row back when it stops.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import secrets
 from collections.abc import AsyncIterator, Iterator
@@ -25,6 +26,7 @@ from contextlib import asynccontextmanager, contextmanager
 
 import psycopg
 from asgiref.sync import sync_to_async
+from django.conf import settings
 
 from task_queue.sql.channels import (
     NOTIFY_PROBE,
@@ -34,6 +36,8 @@ from task_queue.sql.channels import (
     UNREGISTER_LISTENER,
 )
 from task_queue.sql.connections import connection_params, listen_params, listen_sessions_shared
+
+logger = logging.getLogger(__name__)
 
 
 def _listen(channel: str, verb: str = "LISTEN") -> str:
@@ -85,7 +89,7 @@ def listening(channel: str) -> Iterator[psycopg.Connection]:
 @asynccontextmanager
 async def listening_async(channel: str) -> AsyncIterator[psycopg.AsyncConnection]:
     """``listening`` for asyncio code (the dashboard's hub)."""
-    params = await sync_to_async(listen_params)()
+    params = await sync_to_async(listen_params, thread_sensitive=False)()
     shared = await sync_to_async(listen_sessions_shared, thread_sensitive=False)()
     async with await psycopg.AsyncConnection.connect(**params, autocommit=True) as conn:
         try:
@@ -132,7 +136,7 @@ async def heard_async(conn: psycopg.AsyncConnection, timeout: float) -> bool:
     channel = _probe_channel()
     await conn.execute(_listen(channel))
     try:
-        params = await sync_to_async(connection_params)()
+        params = await sync_to_async(connection_params, thread_sensitive=False)()
         async with await psycopg.AsyncConnection.connect(**params, autocommit=True) as other:
             await other.execute(NOTIFY_PROBE, {"channel": channel})
         async with contextlib.aclosing(conn.notifies(timeout=timeout)) as notes:
@@ -146,3 +150,22 @@ async def heard_async(conn: psycopg.AsyncConnection, timeout: float) -> bool:
 
 def _probe_channel() -> str:
     return f"listen_probe_{secrets.token_hex(8)}"
+
+
+def warn_not_in_effect(shared: bool, instead: str) -> None:
+    """Say in a WARNING that LISTEN is not in effect, why, and what is done ``instead``.
+    ``shared``: because it would go through a pooler in transaction mode
+    (``listen_sessions_shared``); otherwise ``heard`` found no notification coming."""
+    if shared:
+        why = (
+            "DATABASE_URL reaches a pooler in transaction mode: set DATABASE_LISTEN_URL "
+            "to the database itself"
+        )
+    elif settings.DATABASE_LISTEN_URL:
+        why = (
+            f"a notification did not arrive within {HEARD_WITHIN_SECONDS:.0f} s: "
+            "DATABASE_LISTEN_URL must reach the database DATABASE_URL does"
+        )
+    else:
+        why = f"a notification did not arrive within {HEARD_WITHIN_SECONDS:.0f} s"
+    logger.warning("LISTEN is not in effect (%s); %s", why, instead)

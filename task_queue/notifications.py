@@ -14,8 +14,10 @@ from collections.abc import Iterable
 
 import psycopg
 
-from task_queue.listen import HEARD_WITHIN_SECONDS, heard, listening
+from task_queue.listen import HEARD_WITHIN_SECONDS, heard, listening, warn_not_in_effect
+from task_queue.retry import CONNECTION_ERRORS
 from task_queue.sql.channels import NOTIFY_CHANNEL
+from task_queue.sql.connections import listen_sessions_shared
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +30,7 @@ class Listener:
         # How long the check that LISTEN is in effect waits for its notification: a
         # warning comes within one poll interval.
         self.check_seconds = min(HEARD_WITHIN_SECONDS, poll_seconds)
-        self.ready = threading.Event()  # set once LISTEN is seen to be in effect
+        self.checked = threading.Event()  # set once it is known whether LISTEN works
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="listener", daemon=True)
 
@@ -39,24 +41,22 @@ class Listener:
         self._stop.set()
 
     def _run(self) -> None:
+        instead = f"polling for new tasks every {self.poll_seconds:.1f} s instead"
         while not self._stop.is_set():
             try:
+                if listen_sessions_shared():  # no LISTEN would be in effect: none is made
+                    warn_not_in_effect(True, instead)
+                    self.checked.set()
+                    return
                 with listening(NOTIFY_CHANNEL) as conn:
-                    if heard(conn, self.check_seconds):
-                        self.ready.set()
-                    else:
-                        logger.warning(
-                            "LISTEN is not in effect: a notification did not arrive within "
-                            "%.1f s (behind a pooler in transaction mode, set "
-                            "DATABASE_LISTEN_URL); polling for new tasks every %.1f s instead",
-                            self.check_seconds,
-                            self.poll_seconds,
-                        )
+                    if not heard(conn, self.check_seconds):
+                        warn_not_in_effect(False, instead)
+                    self.checked.set()
                     self.wake.set()  # anything enqueued while not listening
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=0.5):
                             if note.payload in self.agents:
                                 self.wake.set()
-            except psycopg.OperationalError as error:
+            except (psycopg.OperationalError, *CONNECTION_ERRORS) as error:
                 logger.warning("listener connection failed (%s); reconnecting", error)
                 self._stop.wait(1.0)

@@ -137,9 +137,9 @@ class Worker:
         self._writer.start()
         if self._listener is not None:
             self._listener.start()
-            # Ready once notifications are seen to arrive; where they do not, the
-            # listener warns, and the worker polls.
-            self._listener.ready.wait(self._listener.check_seconds + 1)
+            # Once it is known whether notifications arrive; where they do not, the
+            # listener has warned, and the worker polls.
+            self._listener.checked.wait(self._listener.check_seconds + 1)
         for i in range(self.config.concurrency):
             threading.Thread(target=self._handle_loop, name=f"handler-{i}", daemon=True).start()
         self._heartbeat()  # registers the worker before it takes any task

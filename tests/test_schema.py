@@ -4,13 +4,16 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg
 import pytest
+from django.core.management.base import CommandError
 from django.db import connection
 
+from task_queue import signals
 from task_queue.models import PRIORITY_MAX, PRIORITY_MIN, Task, TaskStatus, Workflow
 from tests.support.processes import REPO
 
@@ -164,6 +167,12 @@ def manage_on(url: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+DEFAULT_MESSAGE_IDS = """
+SELECT message_id FROM event_outbox
+WHERE kind IN ('evt.task.claimed.v1', 'evt.task.completed.v1')
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     not SYSTEM_HAS_PGVECTOR,
@@ -181,9 +190,12 @@ def test_the_schema_migrates_and_a_worker_drains_on_the_system_server():
         assert drained.returncode == 0, drained.stderr[-3000:]
         with psycopg.connect(url) as conn:
             statuses = conn.execute("SELECT status, count(*) FROM tasks GROUP BY 1").fetchall()
-            ids = conn.execute("SELECT count(DISTINCT message_id) FROM event_outbox").fetchone()
+            ids = [row[0] for row in conn.execute(DEFAULT_MESSAGE_IDS)]
         assert statuses == [("completed", 500)]
-        assert ids[0] >= 1000  # each task's created and completed envelopes, all ids apart
+        # Each task's claimed and completed envelopes, their ids from the column's
+        # default (queue 0030 and 0041, from random()): all apart, version 4.
+        assert len(set(ids)) == len(ids) == 1000
+        assert {(i.version, i.variant) for i in ids} == {(4, uuid.RFC_4122)}
 
 
 @pytest.mark.skipif(
@@ -207,3 +219,14 @@ def test_migrate_on_a_server_it_cannot_use_stops_with_one_line_and_applies_nothi
                 "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"
             ).fetchone()[0]
         assert tables == 0
+
+
+def test_a_server_older_than_the_oldest_supported_is_refused_before_any_migration(monkeypatch):
+    # The servers here are 15 (the oldest supported) and 18: as if the oldest were 19.
+    monkeypatch.setattr(signals, "MIN_SERVER_VERSION_NUM", 190000)
+    monkeypatch.setattr(signals, "MIN_SERVER_VERSION", "19")
+    with pytest.raises(CommandError) as refused:
+        signals.require_a_capable_server()
+    message = str(refused.value)
+    assert "is older than PostgreSQL 19" in message and "use PostgreSQL 19 or newer" in message
+    assert f"({connection.cursor().connection.info.parameter_status('server_version')}" in message

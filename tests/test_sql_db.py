@@ -8,6 +8,8 @@ import pytest
 from django.db import DatabaseError, DataError, IntegrityError, connection, transaction
 from django.db.transaction import TransactionManagementError
 
+from task_queue.sql import leasing
+from task_queue.sql import outcomes as outcomes_sql
 from task_queue.sql.connections import sessions_shared
 from task_queue.sql.db import execute, fetch, fetch_bound, fetch_bound_each, set_up_session
 
@@ -138,3 +140,23 @@ def test_a_direct_connection_is_not_taken_for_a_pooled_one():
     # Two connections of their own keep their backends (behind PgBouncer in transaction
     # mode they do not: tests/test_pgbouncer.py).
     assert not sessions_shared()
+
+
+def test_a_workers_claims_run_in_autocommit_with_session_settings_on_its_own_connection():
+    with leasing.claiming():
+        assert not connection.in_atomic_block
+    assert fetch(SYNCHRONOUS_COMMIT, {}) == [("off",)]  # the session's, until it closes
+    connection.close()
+
+
+def test_behind_a_pooler_a_claim_and_its_settings_end_with_its_transaction(settings):
+    settings.DATABASE_SESSIONS = "shared"  # as the check finds behind PgBouncer
+    with leasing.claiming():
+        assert connection.in_atomic_block
+        assert fetch(SYNCHRONOUS_COMMIT, {}) == [("off",)]
+    with outcomes_sql.writing_outcomes():
+        assert connection.in_atomic_block
+    assert fetch(SYNCHRONOUS_COMMIT, {}) == [("on",)]
+
+
+SYNCHRONOUS_COMMIT = "SELECT current_setting('synchronous_commit')"

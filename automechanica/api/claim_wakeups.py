@@ -25,9 +25,15 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
 
-from task_queue.listen import HEARD_WITHIN_SECONDS, heard_async, listening_async
+from task_queue.listen import (
+    HEARD_WITHIN_SECONDS,
+    heard_async,
+    listening_async,
+    warn_not_in_effect,
+)
 from task_queue.sql import heartbeats
 from task_queue.sql.channels import NOTIFY_CHANNEL
+from task_queue.sql.connections import listen_sessions_shared
 
 logger = logging.getLogger(__name__)
 
@@ -111,20 +117,17 @@ class ClaimWakeups:
                 logger.warning("marking waiting workers alive failed (%r)", error)
 
     async def _run(self) -> None:
+        instead = f"waiting claims look for tasks every {UNHEARD_RETRY_SECONDS:.1f} s instead"
         while True:
             try:
+                if await sync_to_async(listen_sessions_shared, thread_sensitive=False)():
+                    warn_not_in_effect(True, instead)  # and ``listening`` stays clear
+                    return
                 async with listening_async(NOTIFY_CHANNEL) as conn:
                     if await heard_async(conn, HEARD_WITHIN_SECONDS):
                         self.listening.set()
-                    else:  # waiting claims then look again every UNHEARD_RETRY_SECONDS
-                        logger.warning(
-                            "LISTEN is not in effect: a notification did not arrive within "
-                            "%.1f s (behind a pooler in transaction mode, set "
-                            "DATABASE_LISTEN_URL); waiting claims look for tasks every %.1f s "
-                            "instead",
-                            HEARD_WITHIN_SECONDS,
-                            UNHEARD_RETRY_SECONDS,
-                        )
+                    else:
+                        warn_not_in_effect(False, instead)
                     self._wake(None)  # anything that came while no one listened
                     async for note in conn.notifies():
                         self._wake(note.payload)

@@ -27,12 +27,19 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
-from task_queue.listen import HEARD_WITHIN_SECONDS, heard_async, listening_async
+from task_queue.listen import (
+    HEARD_WITHIN_SECONDS,
+    heard_async,
+    listening_async,
+    warn_not_in_effect,
+)
 from task_queue.models import REVIVABLE_STATUSES
 from task_queue.sql.channels import TASK_CHANGES_CHANNEL
+from task_queue.sql.connections import listen_sessions_shared
 
 from . import fragments, schedules
 from .overview import take_snapshot
@@ -42,6 +49,8 @@ logger = logging.getLogger(__name__)
 OVERVIEW, WORKERS, DEAD_LETTER, WORKFLOWS = "overview", "workers", "dead_letter", "workflows"
 SCHEDULES = "schedules"
 TICK_SECONDS = 1.0
+# What the dashboard does without LISTEN.
+NOT_LIVE = f"the dashboard's task lists are not updated live, its counts every {TICK_SECONDS:.0f} s"
 
 
 def html_message(html: str) -> str:
@@ -148,14 +157,13 @@ class Hub:
     async def _listen(self) -> None:
         while True:
             try:
+                if await sync_to_async(listen_sessions_shared, thread_sensitive=False)():
+                    warn_not_in_effect(True, NOT_LIVE)
+                    self.listening.set()  # (started: pages wait for it)
+                    return
                 async with listening_async(TASK_CHANGES_CHANNEL) as conn:
                     if not await heard_async(conn, HEARD_WITHIN_SECONDS):
-                        logger.warning(
-                            "LISTEN is not in effect (behind a pooler in transaction mode, "
-                            "set DATABASE_LISTEN_URL): the dashboard's task lists are not "
-                            "updated live, its counts every %.0f s",
-                            TICK_SECONDS,
-                        )
+                        warn_not_in_effect(False, NOT_LIVE)
                     self.listening.set()
                     async for note in conn.notifies():
                         await self._dispatch(json.loads(note.payload))

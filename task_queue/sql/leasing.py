@@ -9,20 +9,19 @@ way. A worker whose lease expired finds its write affects no row, and learns it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from django.db import transaction
 from psycopg.types.numeric import Int4
 
 from task_queue.claim_position import ClaimPosition
 from task_queue.leases import Lease
 from task_queue.sql import locks
-from task_queue.sql.connections import sessions_shared
+from task_queue.sql.connections import settings_scope
 from task_queue.sql.db import (
     NOW,
     fetch,
@@ -73,23 +72,11 @@ PREPARE_CLAIM_SESSION = _set_claim_settings(False)
 PREPARE_CLAIM_TRANSACTION = f"{_set_claim_settings(True)}, now()"
 
 
-@contextmanager
-def claiming() -> Iterator[None]:
-    """Where a worker's claim runs: on its connection set up for claiming
-    (``prepare_claim_session``), in autocommit; or, where server sessions are shared
-    with other clients (a pooler in transaction mode: ``connections.sessions_shared``),
-    in a transaction of its own, whose settings end with it
-    (``prepare_claim_transaction``), so that no other client of the pooler inherits
-    them. The second costs three more round trips a claim: in queue_bench, 2 to 7 µs
-    of PostgreSQL's CPU and 7 to 9 µs of the worker's a task, and a tenth of the drain
-    rate."""
-    if sessions_shared():
-        with transaction.atomic():
-            prepare_claim_transaction()
-            yield
-    else:
-        prepare_claim_session()
-        yield
+def claiming() -> AbstractContextManager[None]:
+    """Where a worker's claim runs (``connections.settings_scope``): on its connection
+    set up for claiming (``prepare_claim_session``), in autocommit; or behind a pooler
+    in transaction mode, in a transaction of its own (``prepare_claim_transaction``)."""
+    return settings_scope(prepare_claim_session, prepare_claim_transaction)
 
 
 def prepare_claim_session() -> None:

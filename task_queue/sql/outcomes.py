@@ -4,16 +4,14 @@ cancelled, released; each with its history row in the same statement.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from functools import cache
 from uuid import UUID
 
-from django.db import transaction
-
 from task_queue.leases import backoff, held_params
-from task_queue.sql.connections import sessions_shared
+from task_queue.sql.connections import settings_scope
 from task_queue.sql.db import (
     NOW,
     execute,
@@ -90,19 +88,11 @@ PREPARE_OUTCOME_SESSION = "SELECT set_config('plan_cache_mode', 'force_generic_p
 PREPARE_OUTCOME_TRANSACTION = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
 
 
-@contextmanager
-def writing_outcomes() -> Iterator[None]:
-    """Where a worker's outcome writer writes a batch: on its connection set up for it
-    (``prepare_outcome_session``), or, where server sessions are shared with other
-    clients (``connections.sessions_shared``), in a transaction of its own whose
-    settings end with it (as ``leasing.claiming``)."""
-    if sessions_shared():
-        with transaction.atomic():
-            prepare_outcome_transaction()
-            yield
-    else:
-        prepare_outcome_session()
-        yield
+def writing_outcomes() -> AbstractContextManager[None]:
+    """Where a worker's outcome writer writes a batch (``connections.settings_scope``):
+    on its connection set up for it (``prepare_outcome_session``), or behind a pooler
+    in transaction mode, in a transaction of its own (``prepare_outcome_transaction``)."""
+    return settings_scope(prepare_outcome_session, prepare_outcome_transaction)
 
 
 def prepare_outcome_session() -> None:
