@@ -120,6 +120,14 @@ def test_a_pool_wait_that_is_not_a_positive_number_is_refused_in_one_line(value)
     ]
 
 
+def test_database_sessions_other_than_auto_shared_or_own_is_refused_in_one_line():
+    done = manage("check", DATABASE_SESSIONS="pooled")
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "manage.py: DATABASE_SESSIONS must be auto, shared or own, not 'pooled'"
+    ]
+
+
 @pytest.mark.parametrize("value", ["not a url", "postgresql://h/db?nope=1", "host=x bad"])
 def test_a_listen_url_that_is_not_a_postgresql_url_is_refused_in_one_line(value):
     done = manage("check", DATABASE_LISTEN_URL=value)
