@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -24,7 +22,7 @@ from task_queue.sql.connections import connection_params
 from tests.support.api import token
 from tests.support.database import database_url
 from tests.support.pgbouncer import POOL_SIZE, PgBouncer, pgbouncer_binary, start_pgbouncer
-from tests.support.processes import REPO, manage_env
+from tests.support.processes import manage_env, run_manage
 from tests.support.server import http
 from tests.support.waiting import wait_for
 
@@ -53,14 +51,7 @@ def pooled_env(bouncer: PgBouncer, **extra: str) -> dict[str, str]:
 
 
 def manage(bouncer: PgBouncer, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=REPO,
-        env=pooled_env(bouncer),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    return run_manage(*args, env=pooled_env(bouncer), timeout=180)
 
 
 def settings_of_every_pooled_session(bouncer: PgBouncer) -> set[tuple[str, ...]]:
@@ -94,69 +85,54 @@ def test_enqueue_and_a_burst_worker_drain_and_leave_no_setting_on_the_pool(poole
     assert settings_of_every_pooled_session(pooler) == {server_defaults()}
 
 
-def test_a_waiting_worker_warns_that_listen_is_not_in_effect_and_polls(pooler):
-    worker = subprocess.Popen(
-        [sys.executable, "manage.py", "runworker", "EchoAgent"],
-        cwd=REPO,
-        env=pooled_env(pooler, QUEUE_POLL_SECONDS="1"),
-        stderr=subprocess.PIPE,
-        text=True,
+def test_a_waiting_worker_warns_that_listen_is_not_in_effect_and_polls(pooler, manage_processes):
+    worker = manage_processes(
+        "runworker", "EchoAgent", env={"DATABASE_URL": pooler.url, "QUEUE_POLL_SECONDS": "1"}
     )
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(worker.stderr), daemon=True).start()
-    try:
-        wait_for(
-            lambda: any("LISTEN is not in effect" in line for line in lines),
-            timeout=30,
-            what="the worker's warning",
-            describe=lambda: "".join(lines)[-3000:],
-        )
-        (warning,) = [line for line in lines if "LISTEN is not in effect" in line]
-        assert "WARNING" in warning and "polling for new tasks every 1.0 s" in warning
-        (task,) = enqueue_many([TaskSpec("EchoAgent", "echo")])
-        wait_for(
-            lambda: Task.objects.get(id=task.id).status == "completed",
-            timeout=30,
-            what="the task, found by polling",
-        )
-    finally:
-        worker.terminate()
-        worker.wait(30)
+    wait_for(
+        lambda: "LISTEN is not in effect" in worker.log(),
+        timeout=30,
+        what="the worker's warning",
+        describe=worker.log,
+    )
+    (warning,) = [line for line in worker.log().splitlines() if "LISTEN is not in effect" in line]
+    assert "WARNING" in warning and "polling for new tasks every 1.0 s" in warning
+    (task,) = enqueue_many([TaskSpec("EchoAgent", "echo")])
+    wait_for(
+        lambda: Task.objects.get(id=task.id).status == "completed",
+        timeout=30,
+        what="the task, found by polling",
+    )
 
 
-def test_with_a_listen_url_a_worker_behind_the_pool_is_woken_by_notifications(pooler):
+def test_with_a_listen_url_a_worker_behind_the_pool_is_woken_by_notifications(
+    pooler, manage_processes
+):
     # It never polls in this test (an hour between polls): only a notification, sent
     # by an enqueue through the pool, can wake it.
-    worker = subprocess.Popen(
-        [sys.executable, "manage.py", "runworker", "EchoAgent"],
-        cwd=REPO,
-        env=pooled_env(pooler, DATABASE_LISTEN_URL=database_url(), QUEUE_POLL_SECONDS="3600"),
-        stderr=subprocess.PIPE,
-        text=True,
+    env = {
+        "DATABASE_URL": pooler.url,
+        "DATABASE_LISTEN_URL": database_url(),
+        "QUEUE_POLL_SECONDS": "3600",
+    }
+    worker = manage_processes("runworker", "EchoAgent", env=env)
+    wait_for(
+        lambda: " ready: agents " in worker.log(),
+        timeout=30,
+        what="the worker to start",
+        describe=worker.log,
     )
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(worker.stderr), daemon=True).start()
-    try:
-        wait_for(
-            lambda: any(" ready: agents " in line for line in lines),
-            timeout=30,
-            what="the worker to start",
-            describe=lambda: "".join(lines)[-3000:],
-        )
-        enqueued = manage(pooler, "enqueue", "EchoAgent", "echo")
-        assert enqueued.returncode == 0, enqueued.stderr[-3000:]
-        task_id = enqueued.stdout.strip()
-        wait_for(
-            lambda: Task.objects.get(id=task_id).status == "completed",
-            timeout=30,
-            what="the task, found on a notification",
-            describe=lambda: "".join(lines)[-3000:],
-        )
-        assert not any("LISTEN is not in effect" in line for line in lines)
-        assert any("LISTEN goes to DATABASE_LISTEN_URL" in line for line in lines)
-    finally:
-        worker.terminate()
-        worker.wait(30)
+    enqueued = manage(pooler, "enqueue", "EchoAgent", "echo")
+    assert enqueued.returncode == 0, enqueued.stderr[-3000:]
+    task_id = enqueued.stdout.strip()
+    wait_for(
+        lambda: Task.objects.get(id=task_id).status == "completed",
+        timeout=30,
+        what="the task, found on a notification",
+        describe=worker.log,
+    )
+    assert "LISTEN is not in effect" not in worker.log()
+    assert "LISTEN goes to DATABASE_LISTEN_URL" in worker.log()
 
 
 def test_the_api_and_the_stream_answer_through_the_pool(pooler, live_servers):

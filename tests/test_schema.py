@@ -1,6 +1,5 @@
 """The database schema matches the code, and migrate explains a missing pgvector."""
 
-import os
 import re
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from django.db import connection
 
 from task_queue import signals
 from task_queue.models import PRIORITY_MAX, PRIORITY_MIN, Task, TaskStatus, Workflow
-from tests.support.processes import REPO
+from tests.support.processes import REPO, manage_env, run_manage
 
 pytestmark = pytest.mark.django_db
 
@@ -157,14 +156,8 @@ def scratch_database(name: str) -> Iterator[str]:
 
 
 def manage_on(url: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=REPO,
-        env={**os.environ, "DATABASE_URL": url},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    """``manage.py ARGS`` to its end on the database at ``url``."""
+    return run_manage(*args, env=manage_env() | {"DATABASE_URL": url}, timeout=300)
 
 
 DEFAULT_MESSAGE_IDS = """

@@ -26,6 +26,7 @@ from task_queue.sql import db
 
 from .acting import require, who
 from .alert_form import AlertRuleForm
+from .form_inputs import saved
 
 RECENT_SHOWN = 50
 MANAGE_PERMISSION = "queue.manage_alerts"
@@ -102,15 +103,11 @@ def alert_new(request: HttpRequest) -> HttpResponse:
     nothing written."""
     require(request, MANAGE_PERMISSION, "creating an alert rule")
     form = AlertRuleForm(request.POST)
-    if form.is_valid():
-        try:
-            created = rules.create(form.values(), **who(request))
-        except rules.InvalidRule as refused:
-            form.refuse(refused)
-        else:
-            messages.success(request, f"Alert rule {created.name!r} created.")
-            return redirect("dashboard:alerts")
-    return _page(request, form, status=400)
+    created = saved(form, lambda: rules.create(form.values(), **who(request)), rules.InvalidRule)
+    if created is None:
+        return _page(request, form, status=400)
+    messages.success(request, f"Alert rule {created.name!r} created.")
+    return redirect("dashboard:alerts")
 
 
 @staff_member_required
@@ -125,17 +122,16 @@ def alert_edit(request: HttpRequest, rule_id: int) -> HttpResponse:
     if request.method == "GET":
         return render(request, EDIT, {"rule": rule, "form": AlertRuleForm.of(rule)})
     form = AlertRuleForm(request.POST, rule=rule)
-    if form.is_valid():
-        try:
-            rules.update(rule.id, form.values(), **who(request))
-        except rules.InvalidRule as refused:
-            form.refuse(refused)
-        except rules.DeclaredInSettings:  # settings took its name meanwhile
-            return render(request, EDIT, {"rule": rule, "declared": True}, status=409)
-        else:
-            messages.success(request, f"Alert rule {form.cleaned_data['name']!r} saved.")
-            return redirect("dashboard:alerts")
-    return render(request, EDIT, {"rule": rule, "form": form}, status=400)
+    try:
+        changed = saved(
+            form, lambda: rules.update(rule.id, form.values(), **who(request)), rules.InvalidRule
+        )
+    except rules.DeclaredInSettings:  # settings took its name meanwhile
+        return render(request, EDIT, {"rule": rule, "declared": True}, status=409)
+    if changed is None:
+        return render(request, EDIT, {"rule": rule, "form": form}, status=400)
+    messages.success(request, f"Alert rule {changed.name!r} saved.")
+    return redirect("dashboard:alerts")
 
 
 @staff_member_required

@@ -1,14 +1,18 @@
-"""What the dashboard's forms read alike (a schedule's, an alert rule's): JSON typed
-into a field, and the agent chosen from the registered ones."""
+"""What the dashboard's forms do alike (a schedule's, an alert rule's): JSON typed into
+a field, the agent chosen from the registered ones, and saving through the shared
+check with its refusal shown on the form."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django import forms
 
 from task_queue import registry
+
+T = TypeVar("T")
 
 
 def parsed_json(text: str, what: str) -> Any:
@@ -37,3 +41,16 @@ def agent_select(form: forms.Form, field: str, blank: str) -> None:
     form.fields[field].widget = forms.Select(
         choices=[("", blank), *((name, name) for name in agents)]
     )
+
+
+def saved(form: forms.Form, save: Callable[[], T], refused: type[Exception]) -> T | None:
+    """What ``save()`` saved, once ``form`` is valid; None with the reason on the form
+    where it is not, or where the shared check refuses it (``refused``, shown on the
+    field it names by the form's ``refuse``). Other errors of ``save`` pass through."""
+    if not form.is_valid():
+        return None
+    try:
+        return save()
+    except refused as refusal:
+        form.refuse(refusal)
+        return None

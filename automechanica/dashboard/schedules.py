@@ -26,6 +26,7 @@ from task_queue.models import Schedule, ScheduleRun, Task
 from task_queue.operations import InvalidTask
 
 from .acting import require, who
+from .form_inputs import saved
 from .schedule_form import ScheduleForm
 
 OPERATE = "queue.operate_schedule"
@@ -126,15 +127,13 @@ def schedule_new(request: HttpRequest) -> HttpResponse:
     and nothing written."""
     require(request, ADD, "creating a schedule")
     form = ScheduleForm(request.POST)
-    if form.is_valid():
-        try:
-            created = schedules.create(form.definition(), **who(request))
-        except schedules.InvalidSchedule as refused:
-            form.refuse(refused)
-        else:
-            messages.success(request, f"Schedule {created.name!r} created.")
-            return redirect("dashboard:schedules")
-    return _page(request, form, status=400)
+    created = saved(
+        form, lambda: schedules.create(form.definition(), **who(request)), schedules.InvalidSchedule
+    )
+    if created is None:
+        return _page(request, form, status=400)
+    messages.success(request, f"Schedule {created.name!r} created.")
+    return redirect("dashboard:schedules")
 
 
 @staff_member_required
@@ -151,19 +150,20 @@ def schedule_edit(request: HttpRequest, schedule_id: int) -> HttpResponse:
         form = ScheduleForm.of(schedule)
         return render(request, EDIT, {**context, "form": form, **_suggestions()})
     form = ScheduleForm(request.POST)
-    if form.is_valid():
-        try:
-            schedules.update(schedule.id, form.definition(), **who(request))
-        except schedules.InvalidSchedule as refused:
-            form.refuse(refused)
-        except schedules.ScheduleNotFound:
-            raise Http404("no such schedule") from None
-        except schedules.DeclaredInCode:  # settings took its name meanwhile
-            return render(request, EDIT, {**context, "declared": True}, status=409)
-        else:
-            messages.success(request, f"Schedule {form.cleaned_data['name']!r} saved.")
-            return redirect("dashboard:schedules")
-    return render(request, EDIT, {**context, "form": form, **_suggestions()}, status=400)
+    try:
+        changed = saved(
+            form,
+            lambda: schedules.update(schedule.id, form.definition(), **who(request)),
+            schedules.InvalidSchedule,
+        )
+    except schedules.ScheduleNotFound:
+        raise Http404("no such schedule") from None
+    except schedules.DeclaredInCode:  # settings took its name meanwhile
+        return render(request, EDIT, {**context, "declared": True}, status=409)
+    if changed is None:
+        return render(request, EDIT, {**context, "form": form, **_suggestions()}, status=400)
+    messages.success(request, f"Schedule {changed.name!r} saved.")
+    return redirect("dashboard:schedules")
 
 
 @staff_member_required

@@ -119,13 +119,7 @@ def create(values: dict[str, Any], *, actor: str, source: str) -> Schedule:
         schedule = Schedule(source=source, **values)
         schedule.next_run_at = next_slot(schedule, db.database_clock())
         _save(schedule)
-        audit.record(
-            actor=actor,
-            action=Kind.CREATE_SCHEDULE,
-            source=source,
-            agent_name=schedule.agent_name,
-            changes={"schedule": schedule.name, "definition": _definition(schedule)},
-        )
+        _audit(schedule, Kind.CREATE_SCHEDULE, actor, source, {"definition": _definition(schedule)})
     return schedule
 
 
@@ -158,13 +152,7 @@ def update(schedule_id: int, changes: dict[str, Any], *, actor: str, source: str
             action = Kind.UPDATE_SCHEDULE
             if set(diff) == {"enabled"}:
                 action = Kind.RESUME_SCHEDULE if values["enabled"] else Kind.PAUSE_SCHEDULE
-            audit.record(
-                actor=actor,
-                action=action,
-                source=source,
-                agent_name=schedule.agent_name,
-                changes={"schedule": schedule.name, **diff},
-            )
+            _audit(schedule, action, actor, source, diff)
     return schedule
 
 
@@ -182,19 +170,24 @@ def set_enabled(schedule_id: int, enabled: bool, *, actor: str, source: str) -> 
     return update(schedule_id, {"enabled": enabled}, actor=actor, source=source)
 
 
+def _audit(schedule: Schedule, action: str, actor: str, source: str, changes: dict) -> None:
+    """The audit row of a change to ``schedule`` (named in it, beside ``changes``)."""
+    audit.record(
+        actor=actor,
+        action=action,
+        source=source,
+        agent_name=schedule.agent_name,
+        changes={"schedule": schedule.name, **changes},
+    )
+
+
 def delete(schedule_id: int, *, actor: str, source: str) -> None:
     """Remove a schedule and its recent runs (its tasks stay)."""
     with transaction.atomic():
         schedule = _locked(schedule_id)
         if schedule.source == Schedule.Source.CODE:
             raise DeclaredInCode(schedule.name)
-        audit.record(
-            actor=actor,
-            action=Kind.DELETE_SCHEDULE,
-            source=source,
-            agent_name=schedule.agent_name,
-            changes={"schedule": schedule.name, "definition": _definition(schedule)},
-        )
+        _audit(schedule, Kind.DELETE_SCHEDULE, actor, source, {"definition": _definition(schedule)})
         schedule.delete()
 
 
