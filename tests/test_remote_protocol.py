@@ -231,6 +231,58 @@ def test_outcomes_batch_answers_each_task_in_order(agent_api):
     assert Task.objects.get(id=tasks[1].id).status == "running"
 
 
+def test_a_claim_records_the_outcomes_it_carries_then_claims(agent_api):
+    done, stale_task = (operations.enqueue("EchoAgent", "echo", {"n": n}) for n in range(2))
+    claimed = {c["id"]: c for c in claim(agent_api, limit=2)}
+    nxt = operations.enqueue("EchoAgent", "echo", {"n": 2})
+    carried = [
+        {"task_id": str(done.id), "lease_token": claimed[str(done.id)]["lease_token"],
+         "status": "completed", "result": {"n": 0}},
+        {"task_id": str(stale_task.id), "lease_token": str(uuid.uuid4()), "status": "completed",
+         "result": {"n": 1}},
+    ]  # fmt: skip
+    response = agent_api.post(
+        "/api/v1/agents/EchoAgent/claim", {**WORKER, "limit": 5, "outcomes": carried}
+    )
+    assert response.status_code == 200, response.content
+    answer = response.json()
+    assert [t["id"] for t in answer["tasks"]] == [str(nxt.id)]
+    assert answer["results"][0] == {"task_id": str(done.id), "status": "completed",
+                                    "available_at": None}  # fmt: skip
+    assert answer["results"][1]["error"]["code"] == "lease_lost"
+    row = Task.objects.get(id=done.id)
+    assert (row.status, row.result) == ("completed", {"n": 0})
+    assert AgentEvent.objects.filter(task_id=done.id).count() == 1
+    assert EmbeddingJob.objects.filter(agent_event__task_id=done.id).count() == 1
+    assert Task.objects.get(id=stale_task.id).status == "running"
+    # Without outcomes, results is empty.
+    assert agent_api.post("/api/v1/agents/EchoAgent/claim", WORKER).json() == {
+        "tasks": [], "results": []
+    }  # fmt: skip
+
+
+def test_a_claim_carrying_a_refused_outcome_writes_and_claims_nothing(agent_api):
+    mine = operations.enqueue("EchoAgent", "echo")
+    [held] = claim(agent_api)
+    other = operations.enqueue("SEOAgent", "generate_seo", {"sku": "X"})
+    waiting = operations.enqueue("EchoAgent", "echo")
+    carried = [
+        {"task_id": str(mine.id), "lease_token": held["lease_token"], "status": "completed",
+         "result": {}},
+        {"task_id": str(other.id), "lease_token": str(uuid.uuid4()), "status": "completed",
+         "result": {}},
+    ]  # fmt: skip
+    refused = agent_api.post("/api/v1/agents/EchoAgent/claim", {**WORKER, "outcomes": carried})
+    assert refused.status_code == 403 and field_names(refused) == ["outcomes[1].task_id"]
+    assert Task.objects.get(id=mine.id).status == "running"
+    assert Task.objects.get(id=waiting.id).status == "pending"
+    twice = agent_api.post(
+        "/api/v1/agents/EchoAgent/claim", {**WORKER, "outcomes": [carried[0], carried[0]]}
+    )
+    assert twice.status_code == 422 and field_names(twice) == ["outcomes"]
+    assert Task.objects.get(id=waiting.id).status == "pending"
+
+
 def test_claim_by_id_succeeds_once_then_409_with_the_reason(agent_api, api):
     task = operations.enqueue("EchoAgent", "echo", {"k": "v"})
     path = f"/api/v1/tasks/{task.id}/claim"

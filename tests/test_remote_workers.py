@@ -113,8 +113,35 @@ def test_a_long_poll_with_nothing_due_answers_empty_at_its_deadline(live_servers
     server = live_servers()
     began = time.monotonic()
     status, body = claim(server, token("write"), wait_seconds=1.5)
-    assert (status, body) == (200, {"tasks": []})
+    assert (status, body) == (200, {"tasks": [], "results": []})
     assert time.monotonic() - began >= 1.5
+
+
+def test_a_long_poll_records_the_outcomes_it_carries_once_before_it_waits(live_servers):
+    server = live_servers()
+    key = token("write", "remote", ("EchoAgent",))
+    done = operations.enqueue("EchoAgent", "echo")
+    status, body = claim(server, key)
+    [held] = body["tasks"]
+    outcome = {"task_id": held["id"], "lease_token": held["lease_token"], "status": "completed",
+               "result": {"ok": True}}  # fmt: skip
+    answered: dict = {}
+
+    def poll() -> None:
+        answered["response"] = claim(server, key, wait_seconds=30, outcomes=[outcome])
+
+    waiting = threading.Thread(target=poll)
+    waiting.start()
+    # Recorded before the wait, while the claim still waits for a task.
+    wait_for(lambda: Task.objects.get(id=done.id).status == "completed", what="the outcome")
+    assert waiting.is_alive()
+    task = operations.enqueue("EchoAgent", "echo", {"n": 2})
+    waiting.join(30)
+    status, body = answered["response"]
+    assert status == 200 and [t["id"] for t in body["tasks"]] == [str(task.id)]
+    assert [r["status"] for r in body["results"]] == ["completed"]
+    completions = TaskHistory.objects.filter(task_id=done.id, to_status="completed")
+    assert completions.count() == 1
 
 
 def test_waiting_long_polls_hold_no_thread_and_no_connection(live_servers):

@@ -11,6 +11,7 @@ batches, as any remote agent would. Registered with the benchmark in
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import socket
 import subprocess
@@ -36,19 +37,34 @@ HANDLER = "def echo(task):\n    return {}\n"
 
 def client_venv(venv: Path, extras: str = "") -> Path:
     """A venv at ``venv`` with the agent client installed, with ``extras`` ("[nats]")
-    if given (made once: kept if there)."""
+    if given: made once, and the client installed again whenever its source changed
+    (a kept venv would otherwise run an older client)."""
     python = venv / "bin" / "python"
-    if (venv / "bin" / "automechanica-agent").exists():
+    stamp = venv / "automechanica-agent.source"
+    source = _client_source_digest() + extras
+    if stamp.exists() and stamp.read_text() == source:
         return venv
     uv = shutil.which("uv")
+    if not python.exists():
+        if uv:
+            subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
+        else:
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     if uv:
-        subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
-        install = [uv, "pip", "install", "-q", "--python", str(python)]
+        install = [uv, "pip", "install", "-q", "--reinstall", "--python", str(python)]
     else:
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        install = [str(python), "-m", "pip", "install", "-q"]
+        install = [str(python), "-m", "pip", "install", "-q", "--force-reinstall"]
     subprocess.run([*install, f"{CLIENT}{extras}"], check=True, timeout=600)
+    stamp.write_text(source)
     return venv
+
+
+def _client_source_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(CLIENT.rglob("*")):
+        if path.is_file() and path.suffix in (".py", ".toml"):
+            digest.update(str(path.relative_to(CLIENT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 @contextmanager

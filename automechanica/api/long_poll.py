@@ -59,6 +59,9 @@ class LongPoll:
         self.deadline: float | None = None
         self.due_in: float | None = None
         self.waiting = False
+        # The answers to the outcomes sent with the claim, once its first run recorded
+        # them: a later run answers these and records nothing again.
+        self.reported: list[Any] | None = None
 
     def wait(self, wait_seconds: float, due_in: float | None) -> None:
         """Nothing was claimed: wait, until ``wait_seconds`` after the request came in

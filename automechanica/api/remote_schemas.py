@@ -34,20 +34,6 @@ LeaseSeconds = Annotated[float, Field(ge=MIN_LEASE_SECONDS, le=MAX_LEASE_SECONDS
 Strict = StrictBody
 
 
-class ClaimRequest(Strict):
-    worker: WorkerName
-    limit: int = Field(1, ge=1, le=MAX_CLAIM, description="At most this many tasks.")
-    lease_seconds: LeaseSeconds = Field(
-        30, description="How long the leases last unless a heartbeat extends them."
-    )
-    wait_seconds: float = Field(
-        0,
-        ge=0,
-        le=MAX_WAIT_SECONDS,
-        description="With nothing due, wait up to this long for a task (a long poll).",
-    )
-
-
 class ClaimOneRequest(Strict):
     worker: WorkerName
     lease_seconds: LeaseSeconds = 30
@@ -65,10 +51,6 @@ class ClaimedTaskOut(BaseModel):
     workflow_id: UUID | None
     lease_token: UUID = Field(description="Send it with every heartbeat and outcome.")
     lease_expires_at: datetime
-
-
-class ClaimOut(BaseModel):
-    tasks: list[ClaimedTaskOut]
 
 
 class ProgressIn(Strict):
@@ -131,15 +113,39 @@ class OutcomeIn(Strict):
         return self
 
 
-class OutcomesRequest(Strict):
-    outcomes: list[OutcomeIn] = Field(min_length=1, max_length=MAX_OUTCOMES)
+def _once_each(outcomes: list[OutcomeIn]) -> list[OutcomeIn]:
+    ids = [outcome.task_id for outcome in outcomes]
+    if len(set(ids)) != len(ids):
+        raise ValueError("each task may appear once")
+    return outcomes
 
-    @model_validator(mode="after")
-    def _each_task_once(self) -> OutcomesRequest:
-        ids = [outcome.task_id for outcome in self.outcomes]
-        if len(set(ids)) != len(ids):
-            raise ValueError("each task may appear once")
-        return self
+
+# A batch's outcomes, each task at most once (refused as the field ``outcomes``).
+Outcomes = Annotated[list[OutcomeIn], AfterValidator(_once_each)]
+
+
+class OutcomesRequest(Strict):
+    outcomes: Outcomes = Field(min_length=1, max_length=MAX_OUTCOMES)
+
+
+class ClaimRequest(Strict):
+    worker: WorkerName
+    limit: int = Field(1, ge=1, le=MAX_CLAIM, description="At most this many tasks.")
+    lease_seconds: LeaseSeconds = Field(
+        30, description="How long the leases last unless a heartbeat extends them."
+    )
+    wait_seconds: float = Field(
+        0,
+        ge=0,
+        le=MAX_WAIT_SECONDS,
+        description="With nothing due, wait up to this long for a task (a long poll).",
+    )
+    outcomes: Outcomes = Field(
+        default_factory=list,
+        max_length=MAX_OUTCOMES,
+        description="Outcomes to record before claiming, as POST /api/v1/outcomes does "
+        "(answered in results): a busy worker reports and claims in one request.",
+    )
 
 
 class OutcomeOut(BaseModel):
@@ -158,4 +164,11 @@ class OutcomeRefusedOut(BaseModel):
 class OutcomesOut(BaseModel):
     results: list[OutcomeOut | OutcomeRefusedOut] = Field(
         description="One per outcome sent, in order."
+    )
+
+
+class ClaimOut(BaseModel):
+    tasks: list[ClaimedTaskOut]
+    results: list[OutcomeOut | OutcomeRefusedOut] = Field(
+        default_factory=list, description="One per outcome sent with the claim, in order."
     )

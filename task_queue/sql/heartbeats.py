@@ -164,7 +164,10 @@ class LeaseHolder:
 def lease_holders(held: Sequence[tuple[UUID, UUID]]) -> dict[UUID, LeaseHolder]:
     """The holders of those of ``held`` (id, lease token) still held, by task id."""
     holders = {}
-    for owner, lease_seconds, *columns in fetch_bound(LEASE_HOLDERS, held_params(None, held, None)):
+    # Prepared: every outcome batch of the worker protocol runs it (a plan that does not
+    # depend on its values: a join on the primary key).
+    rows = fetch_bound(LEASE_HOLDERS, held_params(None, held, None), prepared=True)
+    for owner, lease_seconds, *columns in rows:
         (
             task_id,
             agent,

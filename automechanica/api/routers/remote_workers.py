@@ -92,13 +92,24 @@ def claim_tasks(request: HttpRequest, name: AgentName, body: ClaimRequest):
     them, as runworker does (pause, limits, priorities). With none due and
     ``wait_seconds``, the answer waits until one is (a notification, or its
     ``available_at``), at most that long; the wait holds no thread and no database
-    connection. Each claim also keeps the worker on ``GET /api/v1/workers``."""
+    connection. Each claim also keeps the worker on ``GET /api/v1/workers``.
+
+    ``outcomes`` are recorded first, as ``POST /api/v1/outcomes`` records them (and
+    refused as a whole as it refuses them: then nothing is claimed), once however long
+    the claim then waits: a busy worker reports what it finished and takes more in
+    one request instead of two."""
     _agent(request, name)
-    claimed = remote.claim(body.worker, name, limit=body.limit, lease_seconds=body.lease_seconds)
     poll = getattr(request, "scope", {}).get(LONG_POLL)
+    if poll is not None and poll.reported is not None:
+        results = poll.reported  # an earlier run of this request recorded them
+    else:
+        results = _outcome_results(request, body.outcomes) if body.outcomes else []
+        if poll is not None:
+            poll.reported = results
+    claimed = remote.claim(body.worker, name, limit=body.limit, lease_seconds=body.lease_seconds)
     if not claimed and body.wait_seconds and poll is not None:
         poll.wait(body.wait_seconds, _seconds_until(remote.next_due_at(name)))
-    return {"tasks": [_claimed(c) for c in claimed]}
+    return {"tasks": [_claimed(c) for c in claimed], "results": results}
 
 
 def _seconds_until(moment: datetime | None) -> float | None:
@@ -180,20 +191,25 @@ def report_outcomes(request: HttpRequest, body: OutcomesRequest):
     status, or ``error.code`` ``lease_lost`` (nothing written for it).
     A task of another agent than the token's is 403 for the whole request, and an
     unstorable result 413/422, before anything is written."""
+    return {"results": _outcome_results(request, body.outcomes)}
+
+
+def _outcome_results(request: HttpRequest, outcomes: list[OutcomeIn]) -> list[dict[str, Any]]:
+    """Record ``outcomes`` (``remote.record``): each one's answer, in order."""
     recorded = _record(
         request,
-        [_reported(o) for o in body.outcomes],
+        [_reported(o) for o in outcomes],
         lambda index, field: f"outcomes[{index}].{field}",
     )
     results = []
-    for outcome in body.outcomes:
+    for outcome in outcomes:
         written = recorded[outcome.task_id]
         if written.status is None:
             error = {"code": "lease_lost", "message": "the lease is not held any more"}
             results.append({"task_id": outcome.task_id, "error": error})
         else:
             results.append({"task_id": outcome.task_id, **vars(written)})
-    return {"results": results}
+    return results
 
 
 def _reported(outcome: OutcomeIn) -> remote.Reported:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -72,17 +73,27 @@ class Api:
             delay = min(delay * 2, MAX_BACKOFF_SECONDS) * random.uniform(0.8, 1.2)
 
     def claim(
-        self, agent: str, worker: str, limit: int, lease_seconds: float, wait_seconds: float
-    ) -> list[dict[str, Any]]:
-        body = {
+        self,
+        agent: str,
+        worker: str,
+        limit: int,
+        lease_seconds: float,
+        wait_seconds: float,
+        outcomes: Sequence[dict[str, Any]] = (),
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Claim up to ``limit`` tasks, recording ``outcomes`` first: the tasks, and the
+        answer to each outcome in order."""
+        body: dict[str, Any] = {
             "worker": worker,
             "limit": limit,
             "lease_seconds": lease_seconds,
             "wait_seconds": wait_seconds,
         }
+        if outcomes:
+            body["outcomes"] = list(outcomes)
         path = f"/api/v1/agents/{quote(agent, safe='')}/claim"
         answer = self.post(path, body, read_timeout=wait_seconds + 30)
-        return answer["tasks"]
+        return answer["tasks"], answer.get("results", [])
 
     def claim_task(self, task_id: str, worker: str, lease_seconds: float) -> dict[str, Any]:
         """Claim the named task (a dispatch command's): the task, or :class:`ApiError`

@@ -12,8 +12,9 @@ Threads:
 - the heartbeater extends every held lease at a third of its length until its
   outcome is acknowledged, sending the latest progress, and stops a task whose lease
   was lost or whose cancel was asked;
-- the sender reports outcomes in batches (one request for all that finished while
-  the last one was sent), retrying while the server is down.
+- outcomes wait in an :class:`~automechanica_agent.outbox.Outbox`: a busy worker's
+  next claim carries them (one request reports and claims), and the sender sends
+  them in batches when no claim is coming, retrying while the server is down.
 
 ``stop()`` (SIGTERM, SIGINT in the CLI) ends the claims, gives running handlers
 ``grace_seconds`` to finish, then asks the rest to stop and gives their tasks back
@@ -37,12 +38,15 @@ from typing import Any
 import httpx
 
 from .api import Api, ApiError, LeaseLost
+from .outbox import Outbox
 from .task import Cancelled, PermanentError, Task
 
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[Task], Any]
-_STOP = object()
+# How long a finished task's outcome waits for a claim to carry it while claims are
+# coming (the queue is busy) before the sender sends it on its own.
+CARRY_SECONDS = 0.1
 MESSAGE_MAX_CHARS = 4_000
 TRACEBACK_MAX_CHARS = 16_000
 
@@ -86,7 +90,7 @@ class Runner:
         self._slot_free = threading.Event()
         self._stopping = threading.Event()
         self._done = threading.Event()
-        self._outcomes: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._outbox = Outbox(CARRY_SECONDS)
         # Handler threads are daemons: one whose handler ignores a stop request does not
         # keep the process from exiting (its task was given back).
         self._work: queue.SimpleQueue[Task] = queue.SimpleQueue()
@@ -140,7 +144,7 @@ class Runner:
         # and the server would claim tasks for an answer no one reads.
         claimer.join(self.wait_seconds + 10)
         self._claims.close()
-        self._outcomes.put(_STOP)
+        self._outbox.close()
         # Outcomes still unsent after this are lost: their leases run out and the
         # reaper gives the tasks back.
         sender.join(60)
@@ -155,8 +159,11 @@ class Runner:
         """A slot per handler; and no more leases than twice the slots, finished ones
         waiting for their outcome's answer included (a server refusing outcomes must
         not have this worker take, and heartbeat, task after task)."""
-        free = min(self.concurrency - self._running, 2 * self.concurrency - len(self._held))
+        unanswered = 2 * self.concurrency - len(self._held)
+        free = min(self.concurrency - self._running, unanswered)
         if free <= 0:
+            if unanswered <= 0:  # no claim until outcomes are answered: send them
+                self._outbox.claim_coming(False)
             self._slot_free.wait(1.0)
             self._slot_free.clear()
         return free
@@ -166,16 +173,28 @@ class Runner:
             if (free := self._free_slots()) <= 0:
                 continue
             began = time.monotonic()
+            carried = self._outbox.take(self.batch_size)
             try:
-                claimed = self._claims.claim(
-                    self.agent, self.worker, free, self.lease_seconds, self.wait_seconds
+                claimed, results = self._claims.claim(
+                    self.agent, self.worker, free, self.lease_seconds, self.wait_seconds, carried
                 )
                 tasks = [Task.from_claim(claim) for claim in claimed]
+            except ApiError as error:
+                if carried:  # perhaps refused for one of them: sent on their own instead
+                    logger.warning("claim with %d outcomes refused (%s)", len(carried), error)
+                    self._send(carried)
+                elif not self._stopping.is_set():
+                    logger.warning("claim failed (%r); trying again in 1 s", error)
+                    self._stopping.wait(1.0)
+                continue
             except Exception as error:  # the claimer must outlive any one answer
+                self._outbox.put(carried)
                 if not self._stopping.is_set():
                     logger.warning("claim failed (%r); trying again in 1 s", error)
                     self._stopping.wait(1.0)
                 continue
+            self._answered(carried, results)
+            self._outbox.claim_coming(bool(tasks))
             for task in tasks:
                 self._start(task)
             if not tasks and time.monotonic() - began < min(self.wait_seconds, 1.0):
@@ -276,7 +295,7 @@ class Runner:
             return True
 
     def _report(self, task: Task, outcome: dict[str, Any]) -> None:
-        self._outcomes.put({"task_id": task.id, "lease_token": task.lease_token, **outcome})
+        self._outbox.append({"task_id": task.id, "lease_token": task.lease_token, **outcome})
 
     def _forget(self, task_id: str) -> None:
         """The task's outcome was answered (or its lease lost): it is done here."""
@@ -328,26 +347,15 @@ class Runner:
     # ------------------------------------------------------------ outcomes
 
     def _send_loop(self) -> None:
-        """Outcomes in batches; a batch that cannot be sent at all is logged, and its
-        tasks are left to their leases (the reaper gives them back)."""
-        stopping = False
-        while not stopping:
-            batch = [self._outcomes.get()]
-            while len(batch) < self.batch_size:
-                try:
-                    batch.append(self._outcomes.get_nowait())
-                except queue.Empty:
-                    break
-            if _STOP in batch:
-                stopping = True
-                batch = [o for o in batch if o is not _STOP]
-            if batch:
-                try:
-                    self._send(batch)
-                except Exception:  # the sender must outlive any one answer
-                    logger.exception("sending %d outcomes failed", len(batch))
-                    for outcome in batch:
-                        self._forget(outcome["task_id"])
+        """Outcomes no claim carries, in batches; a batch that cannot be sent at all is
+        logged, and its tasks are left to their leases (the reaper gives them back)."""
+        while (batch := self._outbox.next_batch(self.batch_size)) is not None:
+            try:
+                self._send(batch)
+            except Exception:  # the sender must outlive any one answer
+                logger.exception("sending %d outcomes failed", len(batch))
+                for outcome in batch:
+                    self._forget(outcome["task_id"])
 
     def _send(self, batch: list[dict[str, Any]]) -> None:
         try:
@@ -361,6 +369,10 @@ class Runner:
         except httpx.HTTPError as error:  # only once the client is closed
             logger.error("could not send %d outcomes (%s)", len(batch), error)
             return
+        self._answered(batch, results)
+
+    def _answered(self, batch: list[dict[str, Any]], results: list[dict[str, Any]]) -> None:
+        """The server's answer to each outcome of ``batch``: counted, and done here."""
         for outcome, result in zip(batch, results, strict=True):
             if "error" in result:
                 logger.warning(
