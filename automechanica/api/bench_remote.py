@@ -25,7 +25,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from task_queue.bench import BenchConfig, stop_processes
+from task_queue.bench import BenchConfig, BenchProcesses, stop_processes
 
 from .models import ApiToken
 from .tokens import create_token
@@ -68,7 +68,7 @@ def _client_source_digest() -> str:
 
 
 @contextmanager
-def remote_workers(config: BenchConfig, log_dir: Path) -> Iterator[list[subprocess.Popen]]:
+def remote_workers(config: BenchConfig, log_dir: Path) -> Iterator[BenchProcesses]:
     venv = client_venv(Path(settings.VAR_DIR) / "agent-client-venv")
     (log_dir / "bench_handlers.py").write_text(HANDLER)
     row, key = create_token("queue_bench remote", "write", ["EchoAgent"])
@@ -84,7 +84,7 @@ def remote_workers(config: BenchConfig, log_dir: Path) -> Iterator[list[subproce
                 clients.append(
                     subprocess.Popen(command, cwd=log_dir, stdout=log, stderr=subprocess.STDOUT)
                 )
-        yield clients
+        yield BenchProcesses(clients, [server])
     finally:
         stop_processes(clients)
         stop_processes([server])

@@ -36,7 +36,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 from django.conf import settings
@@ -68,9 +68,18 @@ class BenchConfig:
     remote: bool = False  # also drain with remote agents, and compare
 
 
+class BenchProcesses(NamedTuple):
+    """The processes a drain runs on: the workers (each registers in `workers` under
+    its own pid) and the servers they go through (remote agents' daphne), whose CPU
+    is reported apart (``server_cpu_us``)."""
+
+    workers: list[subprocess.Popen]
+    servers: list[subprocess.Popen]
+
+
 # Starts the benchmark's workers: (config, log folder) -> a context manager giving their
-# processes (each registers in `workers` under its own pid) and stopping them after.
-WorkerStarter = Callable[[BenchConfig, Path], AbstractContextManager[list[subprocess.Popen]]]
+# processes and stopping them after.
+WorkerStarter = Callable[[BenchConfig, Path], AbstractContextManager[BenchProcesses]]
 _remote_workers: WorkerStarter | None = None
 
 
@@ -92,13 +101,13 @@ def run(config: BenchConfig) -> dict[str, Any]:
 
 
 @contextmanager
-def _local_workers(config: BenchConfig, log_dir: Path) -> Iterator[list[subprocess.Popen]]:
+def _local_workers(config: BenchConfig, log_dir: Path) -> Iterator[BenchProcesses]:
     workers = [
         _start_worker(config.concurrency, log_dir / f"worker-{i}.log")
         for i in range(config.workers)
     ]
     try:
-        yield workers
+        yield BenchProcesses(workers, [])
     finally:
         stop_processes(workers)
 
@@ -107,18 +116,19 @@ def _run(config: BenchConfig, start_workers: WorkerStarter) -> dict[str, Any]:
     bench_sql.vacuum_database()
     workflow = Workflow.objects.create(name=f"queue_bench {datetime.now(UTC).isoformat()}")
     log_dir = Path(tempfile.mkdtemp(prefix="queue_bench-"))
-    with start_workers(config, log_dir) as workers:
-        report = _measure(workflow, workers, config, log_dir)
+    with start_workers(config, log_dir) as processes:
+        report = _measure(workflow, processes, config, log_dir)
     shutil.rmtree(log_dir)  # kept when the benchmark failed, for its workers' logs
     return report
 
 
 def _measure(
-    workflow: Workflow, workers: list[subprocess.Popen], config: BenchConfig, log_dir: Path
+    workflow: Workflow, processes: BenchProcesses, config: BenchConfig, log_dir: Path
 ) -> dict[str, Any]:
     try:
-        _wait_registered(workers, config.timeout, log_dir)
-        enqueue_rate, drain_rate, cost = _throughput(workflow.id, config, CostMeter(workers))
+        _wait_registered(processes.workers, config.timeout, log_dir)
+        meter = CostMeter(processes.workers, processes.servers)
+        enqueue_rate, drain_rate, cost = _throughput(workflow.id, config, meter)
         latencies, done_latencies = _pickup_latencies(config)
         return {
             "tasks": config.tasks,
@@ -191,23 +201,29 @@ class CostMeter:
     sum fall. The workers' connections live as long as the workers.
     """
 
-    def __init__(self, workers: list[subprocess.Popen]) -> None:
+    def __init__(self, workers: list[subprocess.Popen], servers: list[subprocess.Popen]) -> None:
         self.workers = [psutil.Process(w.pid) for w in workers]
+        self.servers = [psutil.Process(s.pid) for s in servers]
 
     def start(self) -> None:
         self.wal, backend_pid = bench_sql.server_counters()
         self.postmaster = _postmaster(backend_pid)
         self.server_cpu = _cpu_seconds(_family(self.postmaster))
         self.worker_cpu = _cpu_seconds(self.workers)
+        self.servers_cpu = _cpu_seconds(self.servers)
 
     def per_task(self, tasks: int) -> dict[str, float | None]:
         wal, _ = bench_sql.server_counters()
         server = _cpu_since(_family(self.postmaster), self.server_cpu) if self.postmaster else None
-        return {
+        cost = {
             "postgres_cpu_us": round(server / tasks * 1e6, 1) if server is not None else None,
             "worker_cpu_us": round(_cpu_since(self.workers, self.worker_cpu) / tasks * 1e6, 1),
             "wal_bytes": round((wal - self.wal) / tasks),
         }
+        if self.servers:
+            spent = _cpu_since(self.servers, self.servers_cpu)
+            cost["server_cpu_us"] = round(spent / tasks * 1e6, 1)
+        return cost
 
 
 def _postmaster(backend_pid: int) -> psutil.Process | None:
