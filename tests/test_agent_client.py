@@ -137,6 +137,21 @@ def test_the_client_stops_a_cancelled_task_and_gives_tasks_back_on_sigterm(live_
     ) == {"released"}
 
 
+def test_a_result_the_server_refuses_fails_its_task_and_the_others_complete(live_servers, clients):
+    # Outcomes go with the next claim while tasks keep coming: one the server refuses
+    # (a result over its size limit) must not hold up the claim or the others.
+    server = live_servers(QUEUE_MAX_PAYLOAD_BYTES="2000")
+    key = token("write", "client", ("EchoAgent",))
+    big = operations.enqueue("EchoAgent", "echo", {"text": "x" * 3000}).id
+    small = [operations.enqueue("EchoAgent", "echo", {"n": n}).id for n in range(12)]
+    clients(server.url, key, "--worker", "client:3", "--concurrency", "4", "--wait-seconds", "3")
+    wait_for(lambda: finished([big, *small]), timeout=60, what="every task finished")
+    assert Task.objects.filter(id__in=small, status="completed").count() == len(small)
+    refused = Task.objects.get(id=big)
+    assert (refused.status, refused.error_info["type"]) == ("failed", "OutcomeRefused")
+    assert "payload_too_large" in refused.error_info["message"]
+
+
 @needs_nats
 def test_the_client_follows_dispatch_commands(
     live_servers, clients, manage_processes, nats_namespace

@@ -35,9 +35,11 @@ def test_with_no_claim_coming_the_sender_sends_at_once():
     batches: list = []
     thread = sender(box, batches)
     box.append({"task_id": "a"})
+    wait_for(lambda: batches, timeout=10, what="the sender's batch")
+    assert batches == [[{"task_id": "a"}]]
     box.close()
     thread.join(10)
-    assert not thread.is_alive() and batches == [[{"task_id": "a"}]]
+    assert not thread.is_alive()
 
 
 def test_while_claims_come_a_claim_carries_them_and_the_sender_waits():
@@ -53,9 +55,11 @@ def test_while_claims_come_a_claim_carries_them_and_the_sender_waits():
     # The claimer now waits (its claim got nothing): the sender takes what comes.
     box.append({"task_id": "c"})
     box.claim_coming(False)
+    wait_for(lambda: batches, timeout=10, what="the sender's batch")
+    assert batches == [[{"task_id": "c"}]]
     box.close()
     thread.join(10)
-    assert not thread.is_alive() and batches == [[{"task_id": "c"}]]
+    assert not thread.is_alive()
 
 
 def test_an_outcome_no_claim_took_is_sent_after_the_carry_time():

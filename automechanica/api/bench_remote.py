@@ -45,15 +45,20 @@ def client_venv(venv: Path, extras: str = "") -> Path:
     if stamp.exists() and stamp.read_text() == source:
         return venv
     uv = shutil.which("uv")
-    if not python.exists():
+    existed = python.exists()
+    if not existed:
         if uv:
             subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
         else:
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     if uv:
-        install = [uv, "pip", "install", "-q", "--reinstall", "--python", str(python)]
+        again = ["--reinstall-package", "automechanica-agent"]
+        install = [uv, "pip", "install", "-q", *again, "--python", str(python)]
     else:
-        install = [str(python), "-m", "pip", "install", "-q", "--force-reinstall"]
+        install = [str(python), "-m", "pip", "install", "-q"]
+        if existed:  # installed before, perhaps from other source: the client again
+            again = [*install, "--force-reinstall", "--no-deps", str(CLIENT)]
+            subprocess.run(again, check=True, timeout=600)
     subprocess.run([*install, f"{CLIENT}{extras}"], check=True, timeout=600)
     stamp.write_text(source)
     return venv

@@ -83,7 +83,7 @@ class Runner:
         # Leases held, until their outcome is acknowledged (heartbeats go to these).
         self._held: dict[str, Task] = {}
         # Tasks handed to a handler thread and not yet finished: a slot each. A finished
-        # task's outcome is sent while the next claim runs, as runworker writes one.
+        # task's outcome goes with the next claim, or is sent on its own (the outbox).
         self._running = 0
         self._settled: set[str] = set()
         self._lock = threading.Lock()
@@ -144,6 +144,8 @@ class Runner:
         # and the server would claim tasks for an answer no one reads.
         claimer.join(self.wait_seconds + 10)
         self._claims.close()
+        # A claim still retrying gives its outcomes back to the outbox as it fails.
+        claimer.join(5)
         self._outbox.close()
         # Outcomes still unsent after this are lost: their leases run out and the
         # reaper gives the tasks back.
@@ -174,15 +176,17 @@ class Runner:
                 continue
             began = time.monotonic()
             carried = self._outbox.take(self.batch_size)
+            # A claim that carries outcomes does not wait: their answers would wait too.
+            wait_seconds = 0 if carried else self.wait_seconds
             try:
                 claimed, results = self._claims.claim(
-                    self.agent, self.worker, free, self.lease_seconds, self.wait_seconds, carried
+                    self.agent, self.worker, free, self.lease_seconds, wait_seconds, carried
                 )
                 tasks = [Task.from_claim(claim) for claim in claimed]
             except ApiError as error:
                 if carried:  # perhaps refused for one of them: sent on their own instead
                     logger.warning("claim with %d outcomes refused (%s)", len(carried), error)
-                    self._send(carried)
+                    self._send_batch(carried)
                 elif not self._stopping.is_set():
                     logger.warning("claim failed (%r); trying again in 1 s", error)
                     self._stopping.wait(1.0)
@@ -193,11 +197,16 @@ class Runner:
                     logger.warning("claim failed (%r); trying again in 1 s", error)
                     self._stopping.wait(1.0)
                 continue
-            self._answered(carried, results)
+            try:
+                self._answered(carried, results)
+            except Exception:  # the claimer must outlive any one answer
+                logger.exception("the answers to %d outcomes were not understood", len(carried))
+                for outcome in carried:
+                    self._forget(outcome["task_id"])
             self._outbox.claim_coming(bool(tasks))
             for task in tasks:
                 self._start(task)
-            if not tasks and time.monotonic() - began < min(self.wait_seconds, 1.0):
+            if not tasks and not carried and time.monotonic() - began < min(self.wait_seconds, 1.0):
                 # Answered at once with nothing (a server that does not wait): no spin.
                 self._stopping.wait(1.0)
 
@@ -258,22 +267,25 @@ class Runner:
                 logger.exception("handling task %s failed", task.id)
 
     def _handle(self, task: Task) -> None:
+        # The slot is freed after the outcome is in the outbox, so that the claim its
+        # freeing lets go carries it.
         try:
-            result = self.handler(task)
-        except Cancelled:
-            outcome = self._stopped(task)
-        except Exception as error:
-            outcome = self._stopped(task) if task.stop_reason else _failure(error)
-        else:
-            outcome = self._stopped(task) if task.stop_reason else _completion(result)
+            try:
+                result = self.handler(task)
+            except Cancelled:
+                outcome = self._stopped(task)
+            except Exception as error:
+                outcome = self._stopped(task) if task.stop_reason else _failure(error)
+            else:
+                outcome = self._stopped(task) if task.stop_reason else _completion(result)
+            if outcome is not None and self._settle(task):
+                self._report(task, outcome)
+            elif task.stop_reason == "lease lost":  # nothing to report: the lease is free
+                self._forget(task.id)
         finally:
             with self._lock:
                 self._running -= 1
             self._slot_free.set()
-        if outcome is not None and self._settle(task):
-            self._report(task, outcome)
-        elif task.stop_reason == "lease lost":  # nothing to report: the lease is free
-            self._forget(task.id)
 
     def _stopped(self, task: Task) -> dict[str, Any] | None:
         """What a task stopped from outside reports: a cancelled one a failure (the
@@ -350,12 +362,15 @@ class Runner:
         """Outcomes no claim carries, in batches; a batch that cannot be sent at all is
         logged, and its tasks are left to their leases (the reaper gives them back)."""
         while (batch := self._outbox.next_batch(self.batch_size)) is not None:
-            try:
-                self._send(batch)
-            except Exception:  # the sender must outlive any one answer
-                logger.exception("sending %d outcomes failed", len(batch))
-                for outcome in batch:
-                    self._forget(outcome["task_id"])
+            self._send_batch(batch)
+
+    def _send_batch(self, batch: list[dict[str, Any]]) -> None:
+        try:
+            self._send(batch)
+        except Exception:  # the sender (or claimer) must outlive any one answer
+            logger.exception("sending %d outcomes failed", len(batch))
+            for outcome in batch:
+                self._forget(outcome["task_id"])
 
     def _send(self, batch: list[dict[str, Any]]) -> None:
         try:
