@@ -238,6 +238,9 @@ class QueueBench(Check):
             )
             for part in ("in_process", "remote"):
                 self._verify_run(opts, report[part])
+            # daphne's CPU, apart from the clients'; runworker goes through no server.
+            assert report["remote"]["drain_cost_per_task"]["server_cpu_us"] >= 0
+            assert "server_cpu_us" not in report["in_process"]["drain_cost_per_task"]
             assert not ApiToken.objects.filter(name="queue_bench remote").exists()
             return
         self._verify_run(opts, report)
