@@ -20,64 +20,67 @@ _spec.loader.exec_module(outbox_module)
 Outbox = outbox_module.Outbox
 
 
-def sender(box, batches: list) -> threading.Thread:
-    def send() -> None:
-        while (batch := box.next_batch(100)) is not None:
-            batches.append(batch)
+class Sender:
+    """The sender's loop on a thread of its own, keeping the batches it takes."""
 
-    thread = threading.Thread(target=send, daemon=True)
-    thread.start()
-    return thread
+    def __init__(self, box) -> None:
+        self.box = box
+        self.batches: list = []
+        self.thread = threading.Thread(target=self._send, daemon=True)
+        self.thread.start()
+
+    def _send(self) -> None:
+        while (batch := self.box.next_batch(100)) is not None:
+            self.batches.append(batch)
+
+    def sent(self) -> list:
+        wait_for(lambda: self.batches, timeout=10, what="the sender's batch")
+        return self.batches
+
+    def stop(self) -> None:
+        """Closing ends the sender's loop."""
+        self.box.close()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
 
 
 def test_with_no_claim_coming_the_sender_sends_at_once():
     box = Outbox(carry_seconds=3600)
-    batches: list = []
-    thread = sender(box, batches)
-    box.append({"task_id": "a"})
-    wait_for(lambda: batches, timeout=10, what="the sender's batch")
-    assert batches == [[{"task_id": "a"}]]
-    box.close()
-    thread.join(10)
-    assert not thread.is_alive()
+    sender = Sender(box)
+    box.put([{"task_id": "a"}])
+    assert sender.sent() == [[{"task_id": "a"}]]
+    sender.stop()
 
 
 def test_while_claims_come_a_claim_carries_them_and_the_sender_waits():
     box = Outbox(carry_seconds=3600)
     box.claim_coming(True)
-    batches: list = []
-    thread = sender(box, batches)
-    box.append({"task_id": "a"})
-    box.append({"task_id": "b"})
+    sender = Sender(box)
+    box.put([{"task_id": "a"}])
+    box.put([{"task_id": "b"}])
     assert box.take(1) == [{"task_id": "a"}]
     assert box.take(10) == [{"task_id": "b"}]
-    assert batches == []
+    assert sender.batches == []
     # The claimer now waits (its claim got nothing): the sender takes what comes.
-    box.append({"task_id": "c"})
+    box.put([{"task_id": "c"}])
     box.claim_coming(False)
-    wait_for(lambda: batches, timeout=10, what="the sender's batch")
-    assert batches == [[{"task_id": "c"}]]
-    box.close()
-    thread.join(10)
-    assert not thread.is_alive()
+    assert sender.sent() == [[{"task_id": "c"}]]
+    sender.stop()
 
 
 def test_an_outcome_no_claim_took_is_sent_after_the_carry_time():
     box = Outbox(carry_seconds=0.2)
     box.claim_coming(True)
-    batches: list = []
-    thread = sender(box, batches)
+    sender = Sender(box)
     began = time.monotonic()
-    box.append({"task_id": "a"})
-    wait_for(lambda: batches, timeout=10, what="the sender's batch")
-    assert batches == [[{"task_id": "a"}]]
+    box.put([{"task_id": "a"}])
+    assert sender.sent() == [[{"task_id": "a"}]]
     assert time.monotonic() - began >= 0.2
-    box.close()
-    thread.join(10)
+    sender.stop()
 
 
 def test_outcomes_put_back_go_first():
     box = Outbox(carry_seconds=0)
-    box.append({"task_id": "b"})
-    box.put([{"task_id": "a"}])
+    box.put([{"task_id": "b"}])
+    box.put([{"task_id": "a"}], first=True)
     assert box.take(10) == [{"task_id": "a"}, {"task_id": "b"}]

@@ -25,19 +25,14 @@ class Outbox:
         self._claim_coming = False
         self._closed = False
 
-    def put(self, outcomes: list[Outcome]) -> None:
-        """Outcomes to send (at the front: ones a request could not take after all)."""
+    def put(self, outcomes: list[Outcome], *, first: bool = False) -> None:
+        """Outcomes to send; ``first``: ahead of the others (ones a request took and
+        could not send after all)."""
         with self._changed:
             if not self._pending:
                 self._since = time.monotonic()
-            self._pending[:0] = outcomes
-            self._changed.notify_all()
-
-    def append(self, outcome: Outcome) -> None:
-        with self._changed:
-            if not self._pending:
-                self._since = time.monotonic()
-            self._pending.append(outcome)
+            where = 0 if first else len(self._pending)
+            self._pending[where:where] = outcomes
             self._changed.notify_all()
 
     def take(self, limit: int) -> list[Outcome]:

@@ -192,7 +192,7 @@ class Runner:
                     self._stopping.wait(1.0)
                 continue
             except Exception as error:  # the claimer must outlive any one answer
-                self._outbox.put(carried)
+                self._outbox.put(carried, first=True)
                 if not self._stopping.is_set():
                     logger.warning("claim failed (%r); trying again in 1 s", error)
                     self._stopping.wait(1.0)
@@ -307,7 +307,7 @@ class Runner:
             return True
 
     def _report(self, task: Task, outcome: dict[str, Any]) -> None:
-        self._outbox.append({"task_id": task.id, "lease_token": task.lease_token, **outcome})
+        self._outbox.put([{"task_id": task.id, "lease_token": task.lease_token, **outcome}])
 
     def _forget(self, task_id: str) -> None:
         """The task's outcome was answered (or its lease lost): it is done here."""
