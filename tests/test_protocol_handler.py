@@ -130,7 +130,7 @@ def test_a_claim_through_it_takes_a_task_and_other_routes_pass_through():
 
 def test_a_request_finding_every_thread_busy_past_the_wait_is_503_and_the_other_answers():
     operations.enqueue(**ECHO, payload={})
-    (claimed,) = remote.claim("w:1", "EchoAgent", limit=1, lease_seconds=60)
+    _, (claimed,) = remote.claim("w:1", "EchoAgent", limit=1, lease_seconds=60)
     path = f"/api/v1/tasks/{claimed.task.id}/heartbeat"
     beat = json.dumps({"lease_token": str(claimed.task.lease_token)}).encode()
     key = token("write")

@@ -8,10 +8,12 @@ import pytest
 from django.db import DatabaseError, DataError, IntegrityError, connection, transaction
 from django.db.transaction import TransactionManagementError
 
+from task_queue import operations, remote
 from task_queue.sql import leasing
 from task_queue.sql import outcomes as outcomes_sql
 from task_queue.sql.connections import sessions_shared
 from task_queue.sql.db import execute, fetch, fetch_bound, fetch_bound_each, set_up_session
+from tests.support.api import ECHO
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -159,4 +161,23 @@ def test_behind_a_pooler_a_claim_and_its_settings_end_with_its_transaction(setti
     assert fetch(SYNCHRONOUS_COMMIT, {}) == [("on",)]
 
 
+def test_a_claim_that_records_outcomes_commits_as_durably_as_outcomes():
+    # A remote worker's claim carrying what it finished runs in one transaction, which
+    # must then wait for the WAL flush; a claim alone need not. Each is read inside
+    # this test's transaction, where the claim's settings last.
+    operations.enqueue(**ECHO, payload={})
+    operations.enqueue(**ECHO, payload={})
+    with transaction.atomic():
+        _, (claimed,) = remote.claim("w:1", "EchoAgent", limit=1, lease_seconds=60)
+        assert fetch(CLAIM_SETTINGS, {}) == [("off", "off")]
+    report = remote.Reported(claimed.task.id, claimed.task.lease_token, result={})
+    with transaction.atomic():
+        recorded, taken = remote.claim(
+            "w:1", "EchoAgent", limit=1, lease_seconds=60, reports=[report]
+        )
+        assert fetch(CLAIM_SETTINGS, {}) == [("on", "off")]
+    assert recorded[claimed.task.id].status == "completed" and len(taken) == 1
+
+
 SYNCHRONOUS_COMMIT = "SELECT current_setting('synchronous_commit')"
+CLAIM_SETTINGS = "SELECT current_setting('synchronous_commit'), current_setting('enable_hashjoin')"

@@ -56,8 +56,9 @@ CLAIM_SETTINGS = {
 }
 
 
-def _set_claim_settings(is_local: bool) -> str:
-    items = ", ".join(f"set_config('{k}', '{v}', {is_local})" for k, v in CLAIM_SETTINGS.items())
+def _set_claim_settings(is_local: bool, durable: bool = False) -> str:
+    settings = {k: v for k, v in CLAIM_SETTINGS.items() if not durable or k != "synchronous_commit"}
+    items = ", ".join(f"set_config('{k}', '{v}', {is_local})" for k, v in settings.items())
     return f"SELECT {items}"
 
 
@@ -70,6 +71,9 @@ PREPARE_CLAIM_SESSION = _set_claim_settings(False)
 # (now(): its start), which every claim statement in it uses, so that the caller knows
 # when the leases it grants end without asking again.
 PREPARE_CLAIM_TRANSACTION = f"{_set_claim_settings(True)}, now()"
+# The same for a transaction that also records outcomes: its commit waits for the WAL
+# flush, as theirs must.
+PREPARE_DURABLE_CLAIM_TRANSACTION = f"{_set_claim_settings(True, durable=True)}, now()"
 
 
 def claiming() -> AbstractContextManager[None]:
@@ -90,7 +94,7 @@ def prepare_claim_session() -> None:
     remake_plans_when_grown("tasks")
 
 
-def prepare_claim_transaction() -> datetime:
+def prepare_claim_transaction(durable: bool = False) -> datetime:
     """Set up the current transaction (call it inside one) for claiming: the claim's
     settings until it ends, and the connection's plans made again when stale; for a
     connection that others use after it (the web server's pool; any connection behind
@@ -103,7 +107,8 @@ def prepare_claim_transaction() -> datetime:
     the database crashes and loses one, the task is pending or its lease runs out, the
     worker's fenced outcome write is refused, and the task runs again, as after any
     crash. A release lost that way leaves its tasks to the reaper when their leases
-    run out. Outcomes (the outcome writer's) stay durable.
+    run out. Outcomes (the outcome writer's) stay durable: ``durable`` keeps the
+    commit waiting for a transaction that records outcomes too.
 
     ``plan_cache_mode``: the claim is a prepared statement (``fetch_bound``), and
     runs its one generic plan from the first run on, the plan tests/test_generic_plans.py
@@ -136,7 +141,8 @@ def prepare_claim_transaction() -> datetime:
     """
     require_transaction("prepare_claim_transaction")
     remake_plans_when_grown("tasks")
-    return fetch(PREPARE_CLAIM_TRANSACTION, {})[0][-1]
+    statement = PREPARE_DURABLE_CLAIM_TRANSACTION if durable else PREPARE_CLAIM_TRANSACTION
+    return fetch(statement, {})[0][-1]
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,9 @@ docs/remote-agents.md shows the protocol with curl.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 from uuid import UUID
 
 from django.http import HttpRequest
@@ -43,6 +44,7 @@ from ..remote_schemas import (
 router = Router(tags=["worker protocol"])
 
 AgentName = Annotated[str, Path(max_length=MAX_KEY_LENGTH)]
+Written = TypeVar("Written")
 
 
 def _agent(request: HttpRequest, name: str, field: str = "name") -> None:
@@ -100,13 +102,25 @@ def claim_tasks(request: HttpRequest, name: AgentName, body: ClaimRequest):
     one request instead of two."""
     _agent(request, name)
     poll = getattr(request, "scope", {}).get(LONG_POLL)
-    if poll is not None and poll.reported is not None:
-        results = poll.reported  # an earlier run of this request recorded them
-    else:
-        results = _outcome_results(request, body.outcomes) if body.outcomes else []
+    # An earlier run of this request (a long poll's) recorded its outcomes already.
+    carried = [] if poll is not None and poll.reported is not None else body.outcomes
+    recorded, claimed = _refusals_named(
+        lambda: remote.claim(
+            body.worker,
+            name,
+            limit=body.limit,
+            lease_seconds=body.lease_seconds,
+            reports=[_reported(o) for o in carried],
+            agents=token_agents(request),
+        ),
+        _in_outcomes,
+    )
+    if poll is None or poll.reported is None:
+        results = _results(body.outcomes, recorded)
         if poll is not None:
             poll.reported = results
-    claimed = remote.claim(body.worker, name, limit=body.limit, lease_seconds=body.lease_seconds)
+    else:
+        results = poll.reported
     if not claimed and body.wait_seconds and poll is not None:
         poll.wait(body.wait_seconds, _seconds_until(remote.next_due_at(name)))
     return {"tasks": [_claimed(c) for c in claimed], "results": results}
@@ -178,7 +192,9 @@ def fail_task(request: HttpRequest, task_id: UUID, body: FailRequest):
 
 
 def _one(request: HttpRequest, report: remote.Reported) -> dict[str, Any]:
-    recorded = _record(request, [report], lambda _index, field: field)[report.task_id]
+    recorded = _refusals_named(
+        lambda: remote.record([report], token_agents(request)), lambda _index, field: field
+    )[report.task_id]
     if recorded.status is None:
         raise _lease_lost("lease_token")
     return {"task_id": report.task_id, **vars(recorded)}
@@ -191,16 +207,19 @@ def report_outcomes(request: HttpRequest, body: OutcomesRequest):
     status, or ``error.code`` ``lease_lost`` (nothing written for it).
     A task of another agent than the token's is 403 for the whole request, and an
     unstorable result 413/422, before anything is written."""
-    return {"results": _outcome_results(request, body.outcomes)}
+    reports = [_reported(o) for o in body.outcomes]
+    recorded = _refusals_named(lambda: remote.record(reports, token_agents(request)), _in_outcomes)
+    return {"results": _results(body.outcomes, recorded)}
 
 
-def _outcome_results(request: HttpRequest, outcomes: list[OutcomeIn]) -> list[dict[str, Any]]:
-    """Record ``outcomes`` (``remote.record``): each one's answer, in order."""
-    recorded = _record(
-        request,
-        [_reported(o) for o in outcomes],
-        lambda index, field: f"outcomes[{index}].{field}",
-    )
+def _in_outcomes(index: int, field: str) -> str:
+    return f"outcomes[{index}].{field}"
+
+
+def _results(
+    outcomes: list[OutcomeIn], recorded: dict[UUID, remote.Recorded]
+) -> list[dict[str, Any]]:
+    """Each outcome's answer, in order: its task's new status, or ``lease_lost``."""
     results = []
     for outcome in outcomes:
         written = recorded[outcome.task_id]
@@ -224,11 +243,12 @@ def _reported(outcome: OutcomeIn) -> remote.Reported:
     )
 
 
-def _record(
-    request: HttpRequest, reports: list[remote.Reported], path: Any
-) -> dict[UUID, remote.Recorded]:
+def _refusals_named(write: Callable[[], Written], path: Callable[[int, str], str]) -> Written:
+    """``write()``, its refusals of a report as API errors naming the report's field
+    (``path(index, field)``): 404 or 403 for a task not found or not the token's, 413
+    or 422 for a result the queue cannot store."""
     try:
-        return remote.record(reports, token_agents(request))
+        return write()
     except remote.NotYours as refused:
         field = path(refused.index, "task_id")
         if refused.agent is None:
