@@ -1,6 +1,6 @@
 """The plans a worker's prepared statements keep. After its first runs PostgreSQL may
 run a prepared statement with one generic plan, made without the parameters' values
-(task_queue.sql.db.fetch_bound): the claim and the completion must still find their
+(task_queue.sql.db.fetch_bound): the claim, the completion and the worker protocol's lease lookup must still find their
 tasks the cheap way, whatever the values and the statistics."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from task_queue.execution import Outcome, OutcomeKind
 from task_queue.operations import TaskSpec, enqueue_many
 from task_queue.outcomes import OutcomeWriter
-from task_queue.sql import db, leasing, outcomes
+from task_queue.sql import db, heartbeats, leasing, outcomes
 from task_queue.sql.db import execute, fetch
 from tests.support.database import plan_nodes
 
@@ -345,3 +345,34 @@ def test_a_worker_runs_the_generic_plans_from_the_first_claim_and_completion():
 
     assert (claim_plans, completion_plans) == ([(1, 0)], [(1, 0)])
     assert fetch("SELECT count(*) FROM tasks WHERE status = 'completed'", {}) == [(3,)]
+
+
+def test_the_generic_lease_holders_look_each_task_up_by_its_id(new_connection):
+    # The worker protocol's first read of an outcome batch (heartbeats.lease_holders),
+    # a prepared statement run without the outcome session's settings: as for the
+    # completion, statistics taken while nothing was held must not make it read the
+    # index of held leases, full of dead entries in a busy drain.
+    with _autovacuum_off("tasks"):
+        enqueue_many([TaskSpec("EchoAgent", "echo") for _ in range(2_000)])
+        execute("ANALYZE tasks", {})
+        claimed = leasing.claim_tasks(
+            owner="w", agents=["EchoAgent"], limit=2_000, lease_seconds=30, now=None
+        )
+        batch = claimed[:100]
+        ids = "'{" + ",".join(str(t.id) for t in batch) + "}'"
+        tokens = "'{" + ",".join(str(t.lease_token) for t in batch) + "}'"
+        with transaction.atomic():
+            execute(outcomes.PREPARE_OUTCOME_TRANSACTION, {})  # generic, as it runs
+            plan = _generic_plan(
+                heartbeats.LEASE_HOLDERS,
+                {"ids": "uuid[]", "tokens": "uuid[]"},
+                {"ids": ids, "tokens": tokens},
+            )
+
+    (scan,) = [
+        n
+        for n in plan_nodes(plan)
+        if n.get("Relation Name") == "tasks" and "Scan" in n["Node Type"]
+    ]
+    assert (scan["Node Type"], scan["Index Name"]) == ("Index Scan", "tasks_pkey")
+    assert scan["Actual Loops"] == 100 and scan["Actual Rows"] == 1
