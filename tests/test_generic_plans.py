@@ -1,7 +1,8 @@
 """The plans a worker's prepared statements keep. After its first runs PostgreSQL may
 run a prepared statement with one generic plan, made without the parameters' values
-(task_queue.sql.db.fetch_bound): the claim, the completion and the worker protocol's lease lookup must still find their
-tasks the cheap way, whatever the values and the statistics."""
+(task_queue.sql.db.fetch_bound): the claim, the completion and the worker protocol's
+lease lookup must still find their tasks the cheap way, whatever the values and the
+statistics."""
 
 from __future__ import annotations
 
