@@ -6,8 +6,13 @@ commands on the real NATS instead of long-polling."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
+import threading
+import urllib.parse
+from http.client import HTTPConnection
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -150,6 +155,76 @@ def test_a_result_the_server_refuses_fails_its_task_and_the_others_complete(live
     refused = Task.objects.get(id=big)
     assert (refused.status, refused.error_info["type"]) == ("failed", "OutcomeRefused")
     assert "payload_too_large" in refused.error_info["message"]
+
+
+# What a server from before claims carried outcomes answers a claim that has them.
+OLDER_SERVERS_REFUSAL = json.dumps(
+    {
+        "code": "validation_error",
+        "message": "outcomes: Extra inputs are not permitted",
+        "field_errors": [{"field": "outcomes", "message": "Extra inputs are not permitted"}],
+        "details": {},
+    }
+).encode()
+
+
+class OlderServer:
+    """A proxy to a live server that answers as a server from before claims carried
+    outcomes: a claim with ``outcomes`` is 422 naming that field (an unknown field, as
+    every request schema refuses one); everything else goes through."""
+
+    def __init__(self, url: str) -> None:
+        self.refused = 0
+        self.carrying_after_refusal = 0
+        target = urllib.parse.urlsplit(url)
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.path.endswith("/claim") and "outcomes" in json.loads(body or b"{}"):
+                    proxy.carrying_after_refusal += proxy.refused
+                    proxy.refused += 1
+                    return self._answer(422, OLDER_SERVERS_REFUSAL)
+                upstream = HTTPConnection(target.hostname, target.port, timeout=90)
+                headers = {k: self.headers[k] for k in ("Authorization", "Content-Type")}
+                upstream.request("POST", self.path, body, headers)
+                answer = upstream.getresponse()
+                self._answer(answer.status, answer.read())
+                upstream.close()
+
+            def _answer(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def test_against_an_older_server_the_client_sends_outcomes_on_their_own(live_servers, clients):
+    server = OlderServer(live_servers().url)
+    try:
+        key = token("write", "client", ("EchoAgent",))
+        ids = [operations.enqueue("EchoAgent", "echo", {"n": n}).id for n in range(30)]
+        client = clients(server.url, key, "--concurrency", "2", "--wait-seconds", "2")
+        wait_for(lambda: finished(ids), timeout=60, what="every task finished")
+    finally:
+        server.close()
+    assert Task.objects.filter(id__in=ids, status="completed").count() == len(ids)
+    # One claim carried outcomes and was refused; none after it: one warning.
+    assert (server.refused, server.carrying_after_refusal) == (1, 0)
+    assert client.log().count("does not take outcomes with a claim") == 1
 
 
 @needs_nats

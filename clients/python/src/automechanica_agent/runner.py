@@ -91,6 +91,8 @@ class Runner:
         self._stopping = threading.Event()
         self._done = threading.Event()
         self._outbox = Outbox(CARRY_SECONDS)
+        # Claims carry outcomes unless the server does not take them (an older one).
+        self._carry = True
         # Handler threads are daemons: one whose handler ignores a stop request does not
         # keep the process from exiting (its task was given back).
         self._work: queue.SimpleQueue[Task] = queue.SimpleQueue()
@@ -175,7 +177,7 @@ class Runner:
             if (free := self._free_slots()) <= 0:
                 continue
             began = time.monotonic()
-            carried = self._outbox.take(self.batch_size)
+            carried = self._outbox.take(self.batch_size) if self._carry else []
             # A claim that carries outcomes does not wait: their answers would wait too.
             wait_seconds = 0 if carried else self.wait_seconds
             try:
@@ -185,7 +187,15 @@ class Runner:
                 tasks = [Task.from_claim(claim) for claim in claimed]
             except ApiError as error:
                 if carried:  # perhaps refused for one of them: sent on their own instead
-                    logger.warning("claim with %d outcomes refused (%s)", len(carried), error)
+                    if _names_field(error, "outcomes"):  # the field itself: an older server
+                        self._carry = False
+                        logger.warning(
+                            "the server does not take outcomes with a claim (%s): they are "
+                            "sent on their own from now on",
+                            error,
+                        )
+                    else:
+                        logger.warning("claim with %d outcomes refused (%s)", len(carried), error)
                     self._send_batch(carried)
                 elif not self._stopping.is_set():
                     logger.warning("claim failed (%r); trying again in 1 s", error)
@@ -203,7 +213,7 @@ class Runner:
                 logger.exception("the answers to %d outcomes were not understood", len(carried))
                 for outcome in carried:
                     self._forget(outcome["task_id"])
-            self._outbox.claim_coming(bool(tasks))
+            self._outbox.claim_coming(bool(tasks) and self._carry)
             for task in tasks:
                 self._start(task)
             if not tasks and not carried and time.monotonic() - began < min(self.wait_seconds, 1.0):
@@ -432,3 +442,12 @@ def _failure(error: BaseException) -> dict[str, Any]:
         },
         "retryable": not isinstance(error, PermanentError),
     }
+
+
+def _names_field(error: ApiError, field: str) -> bool:
+    """Whether the API refused the request for ``field`` itself (a 422 naming it)."""
+    body = error.body if isinstance(error.body, dict) else {}
+    fields = body.get("field_errors") or []
+    return error.status == 422 and any(
+        isinstance(f, dict) and f.get("field") == field for f in fields
+    )
