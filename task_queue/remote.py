@@ -178,7 +178,7 @@ def claim(
 
     ``reports`` (the worker's finished tasks) are recorded first, in that transaction,
     as :func:`record` records them (and refused as it refuses them: then nothing is
-    claimed). One transaction instead of two saves a busy worker's request three
+    claimed). One transaction instead of two saves a busy worker's request two
     round trips; it then commits waiting for the WAL flush, as outcomes do. Returns
     what was recorded and what was claimed."""
     with transaction.atomic():
