@@ -206,8 +206,9 @@ def write_outcomes(
 def release(owner: str, held: list[tuple[UUID, UUID]], now: datetime | None) -> dict[UUID, str]:
     """Give ``owner``'s unfinished tasks back (pending and due now, no attempt counted;
     ``cancelled`` where a cancel was requested) and wake their agents' workers, in one
-    transaction; {task id: new status} of those whose lease still held."""
-    with transaction.atomic():
+    transaction (the caller's, if any: no savepoint); {task id: new status} of those
+    whose lease still held."""
+    with transaction.atomic(savepoint=False):
         released = outcomes_sql.release_tasks(owner=owner, held=held, now=now)
         enqueue_sql.notify_agents([agent for _, agent, status in released if status == "pending"])
     return {task_id: status for task_id, _, status in released}

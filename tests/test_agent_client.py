@@ -227,6 +227,22 @@ def test_against_an_older_server_the_client_sends_outcomes_on_their_own(live_ser
     assert client.log().count("does not take outcomes with a claim") == 1
 
 
+def test_a_batch_larger_than_a_request_may_carry_is_refused_at_once(client_venv):
+    # Every batch the client sends is then one the API takes as to its shape, so a 422
+    # naming ``outcomes`` itself can only come from a server that does not know it.
+    made = "from automechanica_agent import Runner; Runner('http://x', 't', 'EchoAgent', print, "
+    for size, refused in ((500, False), (501, True), (0, True)):
+        run = subprocess.run(
+            [str(client_venv / "bin" / "python"), "-c", made + f"batch_size={size})"],
+            capture_output=True,
+            text=True,
+        )
+        assert (run.returncode != 0, "batch_size must be 1 to 500" in run.stderr) == (
+            refused,
+            refused,
+        ), run.stderr
+
+
 @needs_nats
 def test_the_client_follows_dispatch_commands(
     live_servers, clients, manage_processes, nats_namespace

@@ -350,9 +350,9 @@ def test_a_worker_runs_the_generic_plans_from_the_first_claim_and_completion():
 
 def test_the_generic_lease_holders_look_each_task_up_by_its_id(new_connection):
     # The worker protocol's first read of an outcome batch (heartbeats.lease_holders),
-    # a prepared statement run without the outcome session's settings: as for the
-    # completion, statistics taken while nothing was held must not make it read the
-    # index of held leases, full of dead entries in a busy drain.
+    # a prepared statement: once PostgreSQL runs it with a generic plan (forced here),
+    # statistics taken while nothing was held must not make it read the index of held
+    # leases, full of dead entries in a busy drain, as for the completion.
     with _autovacuum_off("tasks"):
         enqueue_many([TaskSpec("EchoAgent", "echo") for _ in range(2_000)])
         execute("ANALYZE tasks", {})

@@ -72,7 +72,9 @@ PREPARE_CLAIM_SESSION = _set_claim_settings(False)
 # when the leases it grants end without asking again.
 PREPARE_CLAIM_TRANSACTION = f"{_set_claim_settings(True)}, now()"
 # The same for a transaction that also records outcomes: its commit waits for the WAL
-# flush, as theirs must.
+# flush, as theirs must. It leaves synchronous_commit as the session has it: on, on
+# the web server's pooled connections (only a worker's own claim session turns it
+# off, and that session never records a remote worker's outcomes).
 PREPARE_DURABLE_CLAIM_TRANSACTION = f"{_set_claim_settings(True, durable=True)}, now()"
 
 

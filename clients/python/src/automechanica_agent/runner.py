@@ -47,6 +47,8 @@ Handler = Callable[[Task], Any]
 # How long a finished task's outcome waits for a claim to carry it while claims are
 # coming (the queue is busy) before the sender sends it on its own.
 CARRY_SECONDS = 0.1
+# The most outcomes one request may carry (the API's limit).
+MAX_BATCH = 500
 MESSAGE_MAX_CHARS = 4_000
 TRACEBACK_MAX_CHARS = 16_000
 
@@ -74,6 +76,8 @@ class Runner:
         self.lease_seconds = lease_seconds
         self.wait_seconds = wait_seconds
         self.grace_seconds = grace_seconds
+        if not 1 <= batch_size <= MAX_BATCH:
+            raise ValueError(f"batch_size must be 1 to {MAX_BATCH}, not {batch_size}")
         self.batch_size = batch_size
         self._dispatch = dispatch
         self._commands: dict[str, Any] = {}  # a claimed task's dispatch command
@@ -187,7 +191,9 @@ class Runner:
                 tasks = [Task.from_claim(claim) for claim in claimed]
             except ApiError as error:
                 if carried:  # perhaps refused for one of them: sent on their own instead
-                    if _names_field(error, "outcomes"):  # the field itself: an older server
+                    # At most MAX_BATCH outcomes, each task once: a server refuses the
+                    # field itself only if it does not know it (an older one).
+                    if _names_field(error, "outcomes"):
                         self._carry = False
                         logger.warning(
                             "the server does not take outcomes with a claim (%s): they are "
