@@ -26,6 +26,7 @@ durations from PostgreSQL's log).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -137,27 +138,57 @@ class _Registrations:
     took since. Under load a worker claims many times a second: its row is written by
     a claim that got tasks when it showed none, then at most every
     REGISTER_EVERY_SECONDS with every task taken since (its newest show on /workers/
-    up to that late); and by every claim that got none (an idle worker's claims are
-    its heartbeats)."""
+    up to that late). A claim that got none writes it too (tasks it no longer holds
+    leave it), unless the last write was such a claim's, nothing changed since (no
+    task taken, no outcome recorded) and it was less than a third of a lease ago:
+    an idle worker's row is then as it was, and the wake-ups' ticks keep a waiting
+    worker alive meanwhile (one polling without waiting is written every third of a
+    lease, as runworker heartbeats). Otherwise every long poll of an idle worker
+    would write it, with the costliest statement of its claim."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._last: OrderedDict[str, tuple[float, list[UUID]]] = OrderedDict()
+        # By worker: when its row was last written, the tasks taken since, and whether
+        # that write was an idle claim's with nothing changed since.
+        self._last: OrderedDict[str, tuple[float | None, list[UUID], bool]] = OrderedDict()
 
     def due(self, worker: str, taken: list[UUID]) -> list[UUID] | None:
-        """The tasks to register the worker with now, or None to leave its row as is."""
+        """The tasks to register the worker with now (then :meth:`written` once that
+        commits), or None to leave its row as is."""
         now = time.monotonic()
         with self._lock:
-            last, pending = self._last.pop(worker, (None, []))
+            last, pending, idle = self._last.get(worker, (None, [], False))
             pending = [*pending, *taken]
-            if taken and last is not None and now - last < REGISTER_EVERY_SECONDS:
-                self._last[worker] = (last, pending)
+            since = math.inf if last is None else now - last
+            if taken and not idle and since < REGISTER_EVERY_SECONDS:
+                self._keep(worker, (last, pending, False))
                 return None
-            if taken:
-                self._last[worker] = (now, [])
-            while len(self._last) > KEPT_POSITIONS:
-                self._last.popitem(last=False)
+            if not pending and idle and since < settings.QUEUE_LEASE_SECONDS / 3:
+                return None
             return pending
+
+    def written(self, worker: str, known: list[UUID]) -> None:
+        """The worker's row was written with ``known`` (committed)."""
+        with self._lock:
+            pending = self._last.get(worker, (None, [], False))[1]
+            written = set(known)
+            still = [t for t in pending if t not in written]  # taken by a claim meanwhile
+            self._keep(worker, (time.monotonic(), still, not known))
+
+    def _keep(self, worker: str, state: tuple[float | None, list[UUID], bool]) -> None:
+        self._last[worker] = state
+        self._last.move_to_end(worker)
+        while len(self._last) > KEPT_POSITIONS:
+            self._last.popitem(last=False)
+
+    def changed(self, workers: Collection[str]) -> None:
+        """Outcomes of these workers' tasks were recorded: the next claim of each
+        writes its row (the finished tasks leave it)."""
+        with self._lock:
+            for worker in workers:
+                if worker in self._last:
+                    last, pending, _ = self._last[worker]
+                    self._last[worker] = (last, pending, False)
 
 
 _registrations = _Registrations()
@@ -199,6 +230,7 @@ def claim(
         known = _registrations.due(worker, [t.id for t in tasks])
         if known is not None:
             _register(worker, [agent], limit, lease_seconds, known=known)
+            transaction.on_commit(lambda: _registrations.written(worker, known))
     return recorded, _with_payloads(worker, tasks, clock + timedelta(seconds=lease_seconds))
 
 
@@ -371,6 +403,7 @@ def _record(reports: Sequence[Reported], agents: Collection[str] | None) -> dict
             releases.setdefault(holder.owner, []).append((report.task_id, report.lease_token))
         else:
             by_owner.setdefault(holder.owner, []).append(_outcome(report, holder.task, index))
+    _registrations.changed(by_owner.keys() | releases.keys())
     written: dict[UUID, tuple[str, datetime | None]] = {}
     if by_owner:
         outcomes_sql.prepare_outcome_transaction()

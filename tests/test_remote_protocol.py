@@ -456,3 +456,79 @@ def test_a_claim_whose_client_left_during_its_run_gives_its_tasks_back():
     assert (row.status, row.attempts, row.lease_token) == ("pending", 0, None)
     events = list(TaskHistory.objects.filter(task_id=task.id).values_list("event", flat=True))
     assert events == ["released"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_long_poll_runs_its_claim_once_unless_woken():
+    """The long poll's wrapper around the real Django application, with the wake-ups
+    listening: a poll that hears nothing answers at its deadline with what its one
+    run of the claim found; a poll woken by an enqueue runs the claim again and takes
+    the task."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from asgiref.sync import sync_to_async
+    from django.core.asgi import get_asgi_application
+    from django.db import connections
+
+    from automechanica.api.claim_wakeups import wakeups
+    from automechanica.api.long_poll import long_polling
+
+    django_app = get_asgi_application()
+    runs: list[int] = []
+
+    async def counted(scope, receive, send):
+        await django_app(scope, receive, send)
+        runs.append(1)
+
+    app = long_polling(counted)
+    key = token("write")
+
+    async def poll(wait_seconds: float) -> dict:
+        body = json.dumps({"worker": "once:1", "wait_seconds": wait_seconds}).encode()
+        requests = [{"type": "http.request", "body": body, "more_body": False}]
+        staying = asyncio.Event()  # the client never hangs up
+        sent: list[dict] = []
+
+        async def receive():
+            if requests:
+                return requests.pop()
+            await staying.wait()
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {
+            "type": "http", "method": "POST", "path": "/api/v1/agents/EchoAgent/claim",
+            "raw_path": b"/api/v1/agents/EchoAgent/claim", "query_string": b"",
+            "root_path": "", "scheme": "http", "server": ("testserver", 80),
+            "client": ("127.0.0.1", 1),
+            "headers": [(b"authorization", f"Bearer {key}".encode()),
+                        (b"content-type", b"application/json"), (b"host", b"testserver")],
+        }  # fmt: skip
+        await app(scope, receive, send)
+        assert sent[0]["status"] == 200
+        return json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+
+    async def main() -> None:
+        # One thread for the wake-ups' database work, so that its connection can be
+        # closed at the end (the test database is dropped after the run).
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(1))
+        try:
+            await poll(0)  # the wake-ups start listening
+            await asyncio.wait_for(wakeups.listening.wait(), 30)
+            runs.clear()
+            assert await poll(1.0) == {"tasks": [], "results": []}
+            assert len(runs) == 1  # not run again at the deadline
+            runs.clear()
+            waiting = asyncio.ensure_future(poll(30))
+            while not runs:  # its first run found nothing
+                await asyncio.sleep(0.01)
+            enqueue = sync_to_async(operations.enqueue, thread_sensitive=False)
+            task = await enqueue("EchoAgent", "echo")
+            answer = await asyncio.wait_for(waiting, 30)
+            assert [t["id"] for t in answer["tasks"]] == [str(task.id)] and len(runs) == 2
+        finally:
+            await sync_to_async(connections.close_all, thread_sensitive=False)()
+
+    asyncio.run(main())

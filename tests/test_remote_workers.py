@@ -18,11 +18,12 @@ from pathlib import Path
 import psutil
 import pytest
 from django.db import connection
+from django.db.models import Sum
 
 from agents_app.models import AgentEvent, EmbeddingJob
 from task_queue import limits, operations
 from task_queue.models import HELD_STATUSES as HELD
-from task_queue.models import Task, TaskHistory, Worker
+from task_queue.models import Task, TaskHistory, Worker, WorkerHeartbeat
 from tests.support.api import token
 from tests.support.processes import REPO
 from tests.support.server import http
@@ -142,6 +143,39 @@ def test_a_long_poll_records_the_outcomes_it_carries_once_before_it_waits(live_s
     assert [r["status"] for r in body["results"]] == ["completed"]
     completions = TaskHistory.objects.filter(task_id=done.id, to_status="completed")
     assert completions.count() == 1
+
+
+def test_an_idle_workers_claims_write_its_row_only_when_something_changed(live_servers):
+    # Each write of a remote worker's row is a heartbeat counted in worker_heartbeats.
+    server = live_servers()
+    key = token("write", "remote", ("EchoAgent",))
+
+    def beats() -> int:
+        counted = WorkerHeartbeat.objects.filter(worker_id="w:1").aggregate(n=Sum("beats"))
+        return counted["n"] or 0
+
+    def row() -> tuple:
+        return Worker.objects.values_list("state", "task_ids").get(worker_id="w:1")
+
+    for _ in range(4):
+        assert claim(server, key) == (200, {"tasks": [], "results": []})
+    assert (beats(), row()) == (1, ("idle", []))  # the first wrote it; the others left it
+    task = operations.enqueue("EchoAgent", "echo")
+    [held] = claim(server, key)[1]["tasks"]
+    assert (beats(), row()) == (2, ("busy", [task.id]))
+    outcome = {"task_id": held["id"], "lease_token": held["lease_token"], "status": "completed"}
+    status, body = claim(server, key, outcomes=[outcome])
+    assert (status, [r["status"] for r in body["results"]]) == (200, ["completed"])
+    assert (beats(), row()) == (3, ("idle", []))  # the finished task left it
+    assert claim(server, key)[1]["tasks"] == [] and beats() == 3
+    # An outcome sent on its own: the next claim writes the row again.
+    task = operations.enqueue("EchoAgent", "echo")
+    [held] = claim(server, key)[1]["tasks"]
+    assert claim(server, key)[1]["tasks"] == [] and (beats(), row()) == (5, ("busy", [task.id]))
+    outcome = {"task_id": held["id"], "lease_token": held["lease_token"], "status": "completed"}
+    assert http("POST", f"{server.url}/api/v1/outcomes", key, {"outcomes": [outcome]})[0] == 200
+    assert row() == ("busy", [task.id])
+    assert claim(server, key)[1]["tasks"] == [] and (beats(), row()) == (6, ("idle", []))
 
 
 def test_waiting_long_polls_hold_no_thread_and_no_connection(live_servers):

@@ -8,10 +8,12 @@ event loop, between two runs of the ordinary view:
 
 1. subscribe to the agent's wake-ups (``claim_wakeups``), then run the request
    through Django with a :class:`LongPoll` in its scope, keeping the answer back;
-2. if the view found nothing due and asked to wait (``LongPoll.wait``), drop that
-   answer, wait for a wake-up, the next task's due time or the deadline, with no
+2. if the view found nothing due and asked to wait (``LongPoll.wait``), keep that
+   answer back, wait for a wake-up, the next task's due time or the deadline, with no
    thread and no connection, and run the request again (the wake-ups keep a waiting
-   worker's row alive meanwhile, one statement a tick for all of them);
+   worker's row alive meanwhile, one statement a tick for all of them); at the
+   deadline, with notifications heard and none for the agent, the answer kept back
+   is sent as it is: an idle worker's long poll runs the view once, not twice;
 3. otherwise send the answer.
 
 Every run authenticates and claims afresh, so a revoked token or a paused agent takes
@@ -59,6 +61,9 @@ class LongPoll:
         self.deadline: float | None = None
         self.due_in: float | None = None
         self.waiting = False
+        # The last wait was to last until the deadline (nothing else could end it
+        # sooner but a wake-up or the client leaving).
+        self.until_deadline = False
         # The answers to the outcomes sent with the claim, once its first run recorded
         # them: a later run answers these and records nothing again.
         self.reported: list[Any] | None = None
@@ -85,6 +90,7 @@ class LongPoll:
             limits.append(max(self.due_in, DUE_RETRY_SECONDS))
         if not listening:
             limits.append(UNHEARD_RETRY_SECONDS)
+        self.until_deadline = listening and min(limits) == remaining
         return max(min(limits), 0.0)
 
 
@@ -126,6 +132,10 @@ async def _claim(app: App, scope: Scope, receive: Any, send: Any, agent: str) ->
                 timeout = poll.timeout(wakeups.listening.is_set())
                 await _first(woken.wait(), hung_up.wait(), timeout=timeout)
                 woken_before = woken.is_set()
+                if poll.until_deadline and not woken_before and not hung_up.is_set():
+                    # The deadline, and nothing heard since the claim found nothing: its
+                    # answer (kept back) is the answer, without running the claim again.
+                    break
             if hung_up.is_set():
                 if woken_before:
                     wakeups.pass_on(agent, woken)
