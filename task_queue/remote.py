@@ -31,9 +31,9 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from django.conf import settings
@@ -133,62 +133,85 @@ class _Positions:
 _positions = _Positions()
 
 
+@dataclass(slots=True)
+class _Registered:
+    """What this process knows of a remote worker's row."""
+
+    at: float | None = None  # time.monotonic() of its last write (committed)
+    pending: list[UUID] = field(default_factory=list)  # tasks taken since, not in it yet
+    idle: bool = False  # that write left it idle, and nothing changed since
+    changes: int = 0  # how often outcomes of its tasks were recorded (``changed``)
+
+
+class Registration(NamedTuple):
+    """A write of a worker's row a claim is to make: the tasks to add (``known``)."""
+
+    known: list[UUID]
+    changes: int  # the worker's ``changes`` when it was decided
+
+
 class _Registrations:
     """When this process last registered each remote worker, and the tasks its claims
     took since. Under load a worker claims many times a second: its row is written by
     a claim that got tasks when it showed none, then at most every
     REGISTER_EVERY_SECONDS with every task taken since (its newest show on /workers/
     up to that late). A claim that got none writes it too (tasks it no longer holds
-    leave it), unless the last write was such a claim's, nothing changed since (no
-    task taken, no outcome recorded) and it was less than a third of a lease ago:
-    an idle worker's row is then as it was, and the wake-ups' ticks keep a waiting
-    worker alive meanwhile (one polling without waiting is written every third of a
-    lease, as runworker heartbeats). Otherwise every long poll of an idle worker
-    would write it, with the costliest statement of its claim."""
+    leave it), unless the last write left it idle and nothing changed since (no task
+    taken, no outcome recorded): then at most every third of a lease, as runworker
+    heartbeats, or every half lease for a claim that long-polls (the wake-ups' ticks
+    keep a waiting worker alive meanwhile). Otherwise every long poll of an idle
+    worker would write it, with the costliest statement of its claim."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # By worker: when its row was last written, the tasks taken since, and whether
-        # that write was an idle claim's with nothing changed since.
-        self._last: OrderedDict[str, tuple[float | None, list[UUID], bool]] = OrderedDict()
+        self._workers: OrderedDict[str, _Registered] = OrderedDict()
 
-    def due(self, worker: str, taken: list[UUID]) -> list[UUID] | None:
-        """The tasks to register the worker with now (then :meth:`written` once that
-        commits), or None to leave its row as is."""
+    def due(
+        self, worker: str, taken: list[UUID], *, waiting: bool, reported: bool
+    ) -> Registration | None:
+        """The write of the worker's row to make now (then :meth:`written` once it
+        commits), or None to leave the row as is; ``waiting``: the claim long-polls;
+        ``reported``: it recorded outcomes first."""
         now = time.monotonic()
         with self._lock:
-            last, pending, idle = self._last.get(worker, (None, [], False))
-            pending = [*pending, *taken]
-            since = math.inf if last is None else now - last
-            if taken and not idle and since < REGISTER_EVERY_SECONDS:
-                self._keep(worker, (last, pending, False))
+            state = self._of(worker)
+            pending = [*state.pending, *taken]
+            since = math.inf if state.at is None else now - state.at
+            if taken and not state.idle and since < REGISTER_EVERY_SECONDS:
+                state.pending = pending
                 return None
-            if not pending and idle and since < settings.QUEUE_LEASE_SECONDS / 3:
+            quiet = settings.QUEUE_LEASE_SECONDS / (2 if waiting else 3)
+            if not pending and state.idle and not reported and since < quiet:
                 return None
-            return pending
+            state.pending = []  # written now (or rolled back with the tasks taken)
+            return Registration(pending, state.changes)
 
-    def written(self, worker: str, known: list[UUID]) -> None:
-        """The worker's row was written with ``known`` (committed)."""
+    def written(self, worker: str, registration: Registration) -> None:
+        """The worker's row was written as ``registration`` said (committed)."""
         with self._lock:
-            pending = self._last.get(worker, (None, [], False))[1]
-            written = set(known)
-            still = [t for t in pending if t not in written]  # taken by a claim meanwhile
-            self._keep(worker, (time.monotonic(), still, not known))
-
-    def _keep(self, worker: str, state: tuple[float | None, list[UUID], bool]) -> None:
-        self._last[worker] = state
-        self._last.move_to_end(worker)
-        while len(self._last) > KEPT_POSITIONS:
-            self._last.popitem(last=False)
+            state = self._of(worker)
+            state.at = time.monotonic()
+            # Outcomes recorded since it was decided may have finished tasks it showed.
+            state.idle = not registration.known and state.changes == registration.changes
 
     def changed(self, workers: Collection[str]) -> None:
-        """Outcomes of these workers' tasks were recorded: the next claim of each
-        writes its row (the finished tasks leave it)."""
+        """Outcomes of these workers' tasks were recorded (committed): the next claim
+        of each writes its row (the finished tasks leave it)."""
         with self._lock:
             for worker in workers:
-                if worker in self._last:
-                    last, pending, _ = self._last[worker]
-                    self._last[worker] = (last, pending, False)
+                state = self._of(worker)
+                state.changes += 1
+                state.idle = False
+
+    def _of(self, worker: str) -> _Registered:
+        state = self._workers.get(worker)
+        if state is None:
+            state = self._workers[worker] = _Registered()
+            while len(self._workers) > KEPT_POSITIONS:
+                self._workers.popitem(last=False)
+        else:
+            self._workers.move_to_end(worker)
+        return state
 
 
 _registrations = _Registrations()
@@ -202,10 +225,11 @@ def claim(
     lease_seconds: float,
     reports: Sequence[Reported] = (),
     agents: Collection[str] | None = None,
+    waiting: bool = False,
 ) -> tuple[dict[UUID, Recorded], list[Claimed]]:
     """Lease up to ``limit`` due tasks of ``agent`` to the remote ``worker`` and start
-    them, as runworker's claim does; the worker is registered (or kept alive) in the
-    same transaction.
+    them, as runworker's claim does; the worker's row is written in the same
+    transaction when it is due (``_Registrations``; ``waiting``: the claim long-polls).
 
     ``reports`` (the worker's finished tasks) are recorded first, in that transaction,
     as :func:`record` records them (and refused as it refuses them: then nothing is
@@ -216,7 +240,7 @@ def claim(
     as with two transactions (docs/performance.md). Returns what was recorded and
     what was claimed."""
     with transaction.atomic():
-        recorded = _record(reports, agents) if reports else {}
+        recorded = _record(reports, agents, worker) if reports else {}
         written = any(r.status is not None for r in recorded.values())
         clock = leasing.prepare_claim_transaction(durable=written)
         tasks = leasing.claim_tasks(
@@ -227,10 +251,11 @@ def claim(
             now=None,
             position=_positions.of(worker),
         )
-        known = _registrations.due(worker, [t.id for t in tasks])
-        if known is not None:
-            _register(worker, [agent], limit, lease_seconds, known=known)
-            transaction.on_commit(lambda: _registrations.written(worker, known))
+        taken = [t.id for t in tasks]
+        due = _registrations.due(worker, taken, waiting=waiting, reported=written)
+        if due is not None:
+            _register(worker, [agent], limit, lease_seconds, known=due.known)
+            transaction.on_commit(lambda: _registrations.written(worker, due))
     return recorded, _with_payloads(worker, tasks, clock + timedelta(seconds=lease_seconds))
 
 
@@ -383,8 +408,11 @@ def record(
         return _record(reports, agents)
 
 
-def _record(reports: Sequence[Reported], agents: Collection[str] | None) -> dict[UUID, Recorded]:
-    """:func:`record`, in the caller's transaction."""
+def _record(
+    reports: Sequence[Reported], agents: Collection[str] | None, claimer: str | None = None
+) -> dict[UUID, Recorded]:
+    """:func:`record`, in the caller's transaction; ``claimer``: a worker whose claim
+    in it writes its row after these outcomes (so it needs no other write)."""
     holders = heartbeats.lease_holders([(r.task_id, r.lease_token) for r in reports])
     # Only the tasks whose lease is not held need their agent looked up (rarely any).
     others = heartbeats.agents_of([r.task_id for r in reports if r.task_id not in holders])
@@ -403,7 +431,8 @@ def _record(reports: Sequence[Reported], agents: Collection[str] | None) -> dict
             releases.setdefault(holder.owner, []).append((report.task_id, report.lease_token))
         else:
             by_owner.setdefault(holder.owner, []).append(_outcome(report, holder.task, index))
-    _registrations.changed(by_owner.keys() | releases.keys())
+    if owners := (by_owner.keys() | releases.keys()) - {claimer}:
+        transaction.on_commit(lambda: _registrations.changed(owners))
     written: dict[UUID, tuple[str, datetime | None]] = {}
     if by_owner:
         outcomes_sql.prepare_outcome_transaction()

@@ -147,7 +147,8 @@ def test_a_long_poll_records_the_outcomes_it_carries_once_before_it_waits(live_s
 
 def test_an_idle_workers_claims_write_its_row_only_when_something_changed(live_servers):
     # Each write of a remote worker's row is a heartbeat counted in worker_heartbeats.
-    server = live_servers()
+    # Leases of 30 s: an idle worker's row is written again only after 10 s.
+    server = live_servers(QUEUE_LEASE_SECONDS="30")
     key = token("write", "remote", ("EchoAgent",))
 
     def beats() -> int:

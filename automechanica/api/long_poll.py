@@ -132,7 +132,8 @@ async def _claim(app: App, scope: Scope, receive: Any, send: Any, agent: str) ->
                 timeout = poll.timeout(wakeups.listening.is_set())
                 await _first(woken.wait(), hung_up.wait(), timeout=timeout)
                 woken_before = woken.is_set()
-                if poll.until_deadline and not woken_before and not hung_up.is_set():
+                quiet = not woken_before and wakeups.listening.is_set()
+                if poll.until_deadline and quiet and not hung_up.is_set():
                     # The deadline, and nothing heard since the claim found nothing: its
                     # answer (kept back) is the answer, without running the claim again.
                     break

@@ -112,6 +112,7 @@ def claim_tasks(request: HttpRequest, name: AgentName, body: ClaimRequest):
             lease_seconds=body.lease_seconds,
             reports=[_reported(o) for o in carried],
             agents=token_agents(request),
+            waiting=poll is not None and body.wait_seconds > 0,
         ),
         _in_outcomes,
     )
