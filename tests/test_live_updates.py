@@ -103,6 +103,21 @@ def test_open_overviews_share_one_snapshot_per_second():
     assert all('data-agent="EchoAgent"' in pushes[-1] for pushes in received)
 
 
+def test_a_page_is_live_only_once_its_hub_listens():
+    # The socket opening is what turns a page's badge live: a change made after that
+    # must reach it, so the hub must already listen (its first page starts it).
+    cookie = session_cookie()
+
+    async def watch() -> bool:
+        communicator = socket("/ws/dead-letter/", cookie)
+        assert (await communicator.connect())[0]
+        listening = hub.listening.is_set()
+        await communicator.disconnect()
+        return listening
+
+    assert async_to_sync(watch)()
+
+
 def test_dead_letter_pages_hear_which_tasks_left_and_how_many_arrived():
     cookie = session_cookie()
     revived = operations.enqueue("EchoAgent", "echo", {}).id

@@ -31,7 +31,7 @@ from . import fragments, schedules
 from .limits import LIMIT_PERMISSION
 from .live import changes_message, html_message, hub, task_group, workflow_group
 
-# How long a new page waits for its process's hub to listen before it catches up.
+# How long a new page's socket waits for its process's hub to listen before it opens.
 HUB_START_SECONDS = 5.0
 
 RECHECK_SECONDS = 5.0
@@ -53,11 +53,12 @@ class LiveConsumer(AsyncWebsocketConsumer):
         await self._read_permissions()
         await self.channel_layer.group_add(self.group, self.channel_name)
         hub.join(self.group)
-        await self.accept()
         # The hub hears changes once it listens (it starts with the first page of the
-        # process): a catch-up taken after that misses none.
+        # process). The socket opens after that, so a page that shows itself live (its
+        # badge) hears every change from then on, and a catch-up misses none.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(hub.listening.wait(), HUB_START_SECONDS)
+        await self.accept()
         if page == "task":  # catch up with what changed while not connected
             await self.task_changed({})
 
