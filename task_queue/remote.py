@@ -175,16 +175,16 @@ class _Registrations:
         now = time.monotonic()
         with self._lock:
             state = self._of(worker)
-            pending = [*state.pending, *taken]
+            state.pending.extend(taken)
             since = math.inf if state.at is None else now - state.at
             if taken and not state.idle and since < REGISTER_EVERY_SECONDS:
-                state.pending = pending
                 return None
             quiet = settings.QUEUE_LEASE_SECONDS / (2 if waiting else 3)
-            if not pending and state.idle and not reported and since < quiet:
+            if not state.pending and state.idle and not reported and since < quiet:
                 return None
-            state.pending = []  # written now (or rolled back with the tasks taken)
-            return Registration(pending, state.changes)
+            # Written now (or rolled back with the tasks taken).
+            known, state.pending = state.pending, []
+            return Registration(known, state.changes)
 
     def written(self, worker: str, registration: Registration) -> None:
         """The worker's row was written as ``registration`` said (committed)."""

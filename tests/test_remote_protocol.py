@@ -476,10 +476,13 @@ def test_a_long_poll_runs_its_claim_once_unless_woken():
 
     django_app = get_asgi_application()
     runs: list[int] = []
+    ran: list[asyncio.Event] = []  # set as each run of the view ends
 
     async def counted(scope, receive, send):
         await django_app(scope, receive, send)
         runs.append(1)
+        for event in ran:
+            event.set()
 
     app = long_polling(counted)
     key = token("write")
@@ -521,9 +524,9 @@ def test_a_long_poll_runs_its_claim_once_unless_woken():
             assert await poll(1.0) == {"tasks": [], "results": []}
             assert len(runs) == 1  # not run again at the deadline
             runs.clear()
+            ran.append(asyncio.Event())
             waiting = asyncio.ensure_future(poll(30))
-            while not runs and not waiting.done():  # its first run found nothing
-                await asyncio.sleep(0.01)
+            await asyncio.wait_for(ran[0].wait(), 30)  # its first run found nothing
             enqueue = sync_to_async(operations.enqueue, thread_sensitive=False)
             task = await enqueue("EchoAgent", "echo")
             answer = await asyncio.wait_for(waiting, 30)
