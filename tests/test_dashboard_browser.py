@@ -245,6 +245,29 @@ def test_the_dead_letter_follows_arrivals_and_bulk_changes(users, live_servers, 
     assert errors == []
 
 
+def test_the_dead_letter_catches_up_after_its_socket_was_down(users, live_servers, browser):
+    # What changes while no server runs sends the page no notification: once its
+    # socket is back, it fetches its results again.
+    server = live_servers()
+    shown = db(make_failed, [{"n": n} for n in range(3)])
+    page = log_in(browser, server, "operator", "/dead-letter/")
+    errors = console_errors(page)
+    live(page)
+    page.evaluate(WATCH_FOR_DOWN)
+
+    with server.stopped():
+        page.wait_for_function("window.wentDown", timeout=10_000)
+        (arrived,) = db(make_failed, [{"n": 3}])
+        db(operations.revive, [shown[0]], actor="user:elsewhere")
+    live(page)
+
+    page.wait_for_selector(f"#dl-{arrived}", timeout=10_000)
+    page.wait_for_function(f"!document.getElementById('dl-{shown[0]}')")
+    page.wait_for_function("document.getElementById('dead-letter-count').textContent === '3'")
+    shot(page, "dead-letter-caught-up")
+    assert errors == []
+
+
 def test_the_dead_letter_filter_keeps_the_page_address(users, live_servers, browser):
     server = live_servers()
     teal, grey = db(make_failed, [{"colour": "teal"}, {"colour": "grey"}])

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +53,19 @@ class LiveServer:
         """Stop the server and start another on the same socket (the same port):
         clients see their connections drop, then the server come back. Returns once
         the new server answers."""
+        with self.stopped():
+            pass
+
+    @contextmanager
+    def stopped(self) -> Iterator[None]:
+        """The server stopped for the block (what it runs happens while no one serves),
+        then :meth:`restart`'s new server on the same port, answering."""
         self._terminate()
-        self.process = self._spawn()
-        wait_for(self.ready, timeout=60, what="daphne to answer again")
+        try:
+            yield
+        finally:
+            self.process = self._spawn()
+            wait_for(self.ready, timeout=60, what="daphne to answer again")
 
     def _terminate(self, seconds: float = 30) -> None:
         """SIGTERM, as a deployment stops it; a server still running after ``seconds``

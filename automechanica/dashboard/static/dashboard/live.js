@@ -4,7 +4,16 @@
 // ended (logout, or staff status taken away): no retry, the operator logs in again.
 const SIGNED_OUT = 4403;
 
-document.addEventListener("htmx:wsOpen", () => setBadge("live", "live"));
+// A socket opened again (after a restart or a dropped connection) missed what changed
+// while it was closed. The pages the hub renders every second catch up by themselves
+// and a task page is sent its task as its socket opens; the dead letter is fetched
+// again (or marked stale while the operator is selecting).
+let openedBefore = false;
+document.addEventListener("htmx:wsOpen", () => {
+  setBadge("live", "live");
+  if (openedBefore) applyDeadLetterChange({ left: [], arrived: 0, unknown: 1 });
+  openedBefore = true;
+});
 document.addEventListener("htmx:wsClose", (event) => {
   const code = event.detail.event.code;
   if (code === SIGNED_OUT) {
