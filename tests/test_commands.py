@@ -215,3 +215,15 @@ def test_up_serves_the_api_and_stops_everything_on_ctrl_c(transactional_db, tmp_
                 child.kill()
             up.kill()
         log.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--rounds", "0", "--remote"], "--rounds must be at least 1"),
+        (["--rounds", "3"], "--rounds compares two ways of draining: it needs --remote"),
+    ],
+)
+def test_queue_bench_refuses_rounds_it_cannot_run(args, message):
+    with pytest.raises(CommandError, match=re.escape(message)):
+        call("queue_bench", *args)

@@ -61,6 +61,8 @@ HEAVY_BOUNDS = {
     "dashboard_bench": ["--repeat", "2"],
     "enqueue_bench": ["--requests", "2", "--batch", "10", "--count", "20", "--repeat", "1"],
 }
+# Options a heavy example is bounded in only where it gives them (--rounds needs --remote).
+HEAVY_OPTION_BOUNDS = {"queue_bench": {"--rounds": "2"}}
 # Commands that leave nothing later examples build on: not replayed (page_so_far).
 LEAVE_NOTHING = {
     "queue_stats", "embedded_db", "export_events", "dashboard_bench", "migrate", "queue_bench",
@@ -301,7 +303,12 @@ def replayed(example: Example) -> bool:
 def bounded(example: Example) -> tuple[list[str], dict[str, str]]:
     """The arguments with the small figures of a heavy example, and the environment
     without the assignments that pick a database."""
-    heavy = HEAVY_BOUNDS.get(example.argv[0], []) if "heavy" in example.kinds else []
+    heavy: list[str] = []
+    if "heavy" in example.kinds:
+        heavy = [*HEAVY_BOUNDS.get(example.argv[0], [])]
+        options = HEAVY_OPTION_BOUNDS.get(example.argv[0], {})
+        heavy += [part for option in options if option in example.argv
+                  for part in (option, options[option])]  # fmt: skip
     env = {name: value for name, value in example.env if name not in DATABASE_VARIABLES}
     return [*example.argv, *heavy], env
 

@@ -33,6 +33,10 @@ from .tokens import create_token
 CLIENT = Path(settings.BASE_DIR) / "clients" / "python"
 # The handler of the benchmark's agents: nothing to do, as EchoAgent in runworker.
 HANDLER = "def echo(task):\n    return {}\n"
+# The clients' long poll. A stopping client waits for its poll's answer (it would
+# otherwise leave the server claiming tasks for no one): at the default 10 s, each
+# remote drain took 10 s more to end. A task's arrival still answers a poll at once.
+WAIT_SECONDS = 2
 
 
 def client_venv(venv: Path, extras: str = "") -> Path:
@@ -83,7 +87,8 @@ def remote_workers(config: BenchConfig, log_dir: Path) -> Iterator[BenchProcesse
         _wait_answering(url, server, config.timeout)
         command = [str(venv / "bin" / "automechanica-agent"), "--api", url, "--token", key,
                    "--agent", "EchoAgent", "--handler", "bench_handlers:echo",
-                   "--concurrency", str(config.concurrency), "--log-level", "WARNING"]  # fmt: skip
+                   "--concurrency", str(config.concurrency), "--log-level", "WARNING",
+                   "--wait-seconds", str(WAIT_SECONDS)]  # fmt: skip
         for i in range(config.workers):
             with open(log_dir / f"client-{i}.log", "wb") as log:
                 clients.append(

@@ -16,7 +16,10 @@ database, with all bookkeeping on (history, AgentEvent, embedding job):
 With ``remote``, the same run is made again with remote agents instead of runworker
 processes (the HTTP API's worker protocol, through a real daphne): the HTTP API
 registers how to start them (``register_remote_workers``), since the queue cannot
-import the layers above it. The report then has both, and their ratio.
+import the layers above it. The report then has both, and their ratio. A drain's
+speed on a shared 2-core machine varies by a fifth or more from one run to the next;
+``rounds`` repeats the pair, each side first every other time, and reports the
+median round with every round's figures.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ class BenchConfig:
     latency_rate: float = 50.0  # tasks per second during the latency phase
     timeout: float = 600.0
     remote: bool = False  # also drain with remote agents, and compare
+    rounds: int = 1  # with remote: pairs of drains, alternating which side goes first
 
 
 class BenchProcesses(NamedTuple):
@@ -90,14 +94,36 @@ def register_remote_workers(starter: WorkerStarter) -> None:
 
 
 def run(config: BenchConfig) -> dict[str, Any]:
-    report = _run(config, _local_workers)
     if not config.remote:
-        return report
+        return _run(config, _local_workers)
     if _remote_workers is None:
         raise RuntimeError("--remote needs the HTTP API's app (automechanica.api) installed")
-    remote = _run(config, _remote_workers)
-    ratio = remote["drain_tasks_per_s"] / report["drain_tasks_per_s"]
-    return {"in_process": report, "remote": remote, "remote_to_in_process": round(ratio, 3)}
+    sides = {"in_process": _local_workers, "remote": _remote_workers}
+    rounds = []
+    for number in range(config.rounds):
+        # Each side first every other round: a machine slowing down or speeding up
+        # during the run does not favour one side.
+        order = list(sides) if number % 2 == 0 else list(reversed(sides))
+        reports = {side: _run(config, sides[side]) for side in order}
+        ratio = reports["remote"]["drain_tasks_per_s"] / reports["in_process"]["drain_tasks_per_s"]
+        rounds.append((round(ratio, 3), reports))
+    # The median round (the lower middle one of an even count), whole.
+    ratio, reports = sorted(rounds, key=lambda r: r[0])[(len(rounds) - 1) // 2]
+    report: dict[str, Any] = {side: reports[side] for side in sides}
+    report["remote_to_in_process"] = ratio
+    if config.rounds > 1:
+        report["rounds"] = [
+            {
+                **{
+                    f"{side}_{figure}": each[side][figure]
+                    for side in sides
+                    for figure in ("drain_tasks_per_s", "drain_cost_per_task")
+                },
+                "remote_to_in_process": each_ratio,
+            }
+            for each_ratio, each in rounds
+        ]
+    return report
 
 
 @contextmanager

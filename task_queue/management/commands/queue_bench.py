@@ -26,14 +26,23 @@ class Command(BaseCommand):
             help="drain again with remote agents (the agent client, over a real daphne) "
             "and report both and their ratio",
         )
+        parser.add_argument(
+            "--rounds",
+            type=int,
+            default=1,
+            help="with --remote: drain both ways this many times, each first every other "
+            "time, and report the median round (1)",
+        )
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        for name in ("tasks", "workers", "concurrency", "latency_samples"):
+        for name in ("tasks", "workers", "concurrency", "latency_samples", "rounds"):
             if options[name] < 1:
                 raise CommandError(f"--{name.replace('_', '-')} must be at least 1")
         if options["latency_rate"] <= 0:
             raise CommandError("--latency-rate must be positive")
+        if options["rounds"] > 1 and not options["remote"]:
+            raise CommandError("--rounds compares two ways of draining: it needs --remote")
         report = run(
             BenchConfig(
                 tasks=options["tasks"],
@@ -42,6 +51,7 @@ class Command(BaseCommand):
                 latency_samples=options["latency_samples"],
                 latency_rate=options["latency_rate"],
                 remote=options["remote"],
+                rounds=options["rounds"],
             )
         )
         if options["json"]:
@@ -54,7 +64,16 @@ class Command(BaseCommand):
         self._show(report["in_process"])
         self.stdout.write("remote agents (the agent client over HTTP):")
         self._show(report["remote"])
-        self.stdout.write(f"remote drain / in-process drain: {report['remote_to_in_process']}")
+        for number, each in enumerate(report.get("rounds", []), 1):
+            self.stdout.write(
+                f"round {number}: in-process {each['in_process_drain_tasks_per_s']}, "
+                f"remote {each['remote_drain_tasks_per_s']} tasks/s, "
+                f"ratio {each['remote_to_in_process']}"
+            )
+        median = " (the median round, shown above)" if "rounds" in report else ""
+        self.stdout.write(
+            f"remote drain / in-process drain: {report['remote_to_in_process']}{median}"
+        )
 
     def _show(self, report: dict[str, Any]) -> None:
         latency = report["pickup_latency_ms"]
@@ -67,7 +86,8 @@ class Command(BaseCommand):
             f"p99 {report['done_latency_ms']['p99']} ms)"
         )
         cost = report["drain_cost_per_task"]
+        server = f"daphne {cost['server_cpu_us']} µs CPU, " if "server_cpu_us" in cost else ""
         self.stdout.write(
             f"per drained task: PostgreSQL {cost['postgres_cpu_us']} µs CPU, "
-            f"workers {cost['worker_cpu_us']} µs CPU, {cost['wal_bytes']} WAL bytes"
+            f"workers {cost['worker_cpu_us']} µs CPU, {server}{cost['wal_bytes']} WAL bytes"
         )
