@@ -12,10 +12,11 @@ import pytest
 from django.core.management import call_command
 from django.db import IntegrityError, transaction
 
+from automechanica.dashboard.overview import take_snapshot
 from task_queue import operations
 from task_queue.alerts import evaluation, rules
 from task_queue.maintenance import retention
-from task_queue.models import AlertFiring, AlertKind, AlertRule, AlertState
+from task_queue.models import AlertFiring, AlertKind, AlertRule, AlertState, RetentionRun
 from task_queue.sql import db
 from tests.support.queue import make_failed
 
@@ -85,6 +86,9 @@ def test_retention_forgets_ended_firings_only(settings):
     AlertFiring.objects.create(rule=rule, agent="FitmentAgent", started_at=clock)
     assert retention.prune(now=clock + timedelta(days=2)).alert_firings == 1
     assert list(AlertFiring.objects.values_list("agent", flat=True)) == ["FitmentAgent"]
+    # Recorded with the pass, and shown on the overview among the last day's pruning.
+    assert RetentionRun.objects.get().alert_firings == 1
+    assert take_snapshot().pruned == {kind: 0 for kind in retention.KINDS} | {"alert_firings": 1}
 
 
 def test_the_firings_under_way_when_migrated_get_their_open_row():

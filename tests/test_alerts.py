@@ -24,6 +24,7 @@ from task_queue.models import (
     AlertNotification,
     AlertRule,
     DeliveryStatus,
+    RetentionRun,
 )
 from task_queue.schedules import firing as schedule_firing
 from task_queue.sql import db
@@ -253,6 +254,7 @@ def test_retention_prunes_old_notifications_whose_deliveries_ended(settings):
     assert AlertNotification.objects.filter(id=ended.id).exists()  # still to deliver
     AlertDelivery.objects.filter(id=pending.id).update(status=DeliveryStatus.FAILED)
     assert retention.prune(now=later).alert_notifications == 1
+    assert RetentionRun.objects.order_by("-id").first().alert_notifications == 1
     assert not AlertNotification.objects.exists() and not AlertDelivery.objects.exists()
 
 

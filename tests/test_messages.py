@@ -16,6 +16,7 @@ from agents_app.messaging import InvalidMessage, ack, receive, reply, send
 from agents_app.models import AgentMessage
 from agents_app.sql import messages as messages_sql
 from task_queue.maintenance import retention
+from task_queue.models import RetentionRun
 from tests.support.api import token
 from tests.support.readers import outputs, start_waiting_readers
 
@@ -51,6 +52,7 @@ def test_expired_messages_are_not_delivered_and_are_marked_then_pruned():
     assert receive("FitmentAgent") == []
     retention.prune()
     assert not AgentMessage.objects.filter(id=message_id).exists()  # expired, then pruned
+    assert RetentionRun.objects.get().messages == 1
     kept = send("PricingAgent", "FitmentAgent", "notification", expires_in=1)
     AgentMessage.objects.filter(id=kept).update(expires_at=Now() - timedelta(seconds=1))
     retention.prune()

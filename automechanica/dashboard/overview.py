@@ -18,6 +18,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from task_queue import limits, operations, registry, stats
+from task_queue.maintenance import retention
 from task_queue.models import AlertState, PausedAgent, RetentionRun, TaskStatus, Worker
 from task_queue.sql import counts, reading
 
@@ -98,10 +99,7 @@ def take_snapshot() -> Snapshot:
         minutes=_minutes(now),
         totals=totals,
         pruned=RetentionRun.objects.filter(ran_at__gte=now - timedelta(days=1)).aggregate(
-            tasks=Coalesce(Sum("tasks"), 0),
-            workflows=Coalesce(Sum("workflows"), 0),
-            agent_events=Coalesce(Sum("agent_events"), 0),
-            stream_events=Coalesce(Sum("stream_events"), 0),
+            **{kind: Coalesce(Sum(kind), 0) for kind in retention.KINDS}
         ),
         alerts_firing=AlertState.objects.filter(
             firing_since__isnull=False, rule__enabled=True

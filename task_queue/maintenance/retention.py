@@ -44,7 +44,8 @@ MINUTE_METRICS_DAYS = 30
 
 @dataclass
 class Pruned:
-    """What a pass deleted, by kind (the kinds a prune step may count under)."""
+    """What a pass deleted, by kind (the kinds a prune step may count under; each a
+    column of ``RetentionRun``)."""
 
     tasks: int = 0
     workflows: int = 0
@@ -131,12 +132,7 @@ def prune(*, now: datetime | None = None) -> Pruned | None:
         )
         retention_sql.prune_minute_metrics(cutoff=clock - timedelta(days=MINUTE_METRICS_DAYS))
         if pruned:
-            RetentionRun.objects.create(
-                tasks=pruned.tasks,
-                workflows=pruned.workflows,
-                agent_events=pruned.agent_events,
-                stream_events=pruned.stream_events,
-            )
+            RetentionRun.objects.create(**{kind: getattr(pruned, kind) for kind in KINDS})
             RetentionRun.objects.filter(ran_at__lt=clock - timedelta(days=30)).delete()
     if pruned:
         logger.info(

@@ -84,6 +84,9 @@ class RetentionRun(models.Model):
     workflows = models.IntegerField(default=0)
     agent_events = models.IntegerField(default=0)
     stream_events = models.IntegerField(default=0, db_default=0)
+    messages = models.IntegerField(default=0, db_default=0)  # and publications
+    alert_notifications = models.IntegerField(default=0, db_default=0)
+    alert_firings = models.IntegerField(default=0, db_default=0)
 
     class Meta:
         db_table = "retention_runs"
