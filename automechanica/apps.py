@@ -9,9 +9,14 @@ class AutomechanicaConfig(AppConfig):
     verbose_name = "AutoMechanica"
 
     def ready(self) -> None:
-        from .checks import message_max_deliveries, metrics_allowed_networks
+        from .checks import (
+            alert_webhook_allowed_networks,
+            message_max_deliveries,
+            metrics_allowed_networks,
+        )
 
         # Tagged: the commands that skip the URL checks run the checks by tag
         # (task_queue.management.checks).
         checks.register(metrics_allowed_networks, "settings")
+        checks.register(alert_webhook_allowed_networks, "settings")
         checks.register(message_max_deliveries, "settings")

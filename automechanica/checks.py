@@ -10,16 +10,25 @@ from django.core.checks import Error
 
 
 def metrics_allowed_networks(**kwargs: Any) -> list[Error]:
+    return _networks("METRICS_ALLOWED_NETWORKS", "queue.E001")
+
+
+def alert_webhook_allowed_networks(**kwargs: Any) -> list[Error]:
+    return _networks("ALERT_WEBHOOK_ALLOWED_NETWORKS", "queue.E003")
+
+
+def _networks(name: str, check_id: str) -> list[Error]:
+    """A setting that lists networks: each entry a network (a bad one allows nothing)."""
     errors = []
-    for entry in settings.METRICS_ALLOWED_NETWORKS:
+    for entry in getattr(settings, name):
         try:
             ipaddress.ip_network(entry, strict=False)
         except ValueError as problem:
             errors.append(
                 Error(
-                    f"METRICS_ALLOWED_NETWORKS: {entry!r} is not a network ({problem})",
+                    f"{name}: {entry!r} is not a network ({problem})",
                     hint='Comma-separated CIDRs, e.g. "127.0.0.1/32,10.0.0.0/8".',
-                    id="queue.E001",
+                    id=check_id,
                 )
             )
     return errors

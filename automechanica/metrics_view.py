@@ -17,6 +17,7 @@ from django.views.decorators.http import require_safe
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from automechanica.api.auth import token_or_staff
+from task_queue.networks import parse_networks
 from task_queue.prometheus import exposition
 
 
@@ -43,19 +44,7 @@ def _from_allowed_network(address: str) -> bool:
         client = ipaddress.ip_address(address)
     except ValueError:  # not an IP address (a unix socket): not an allowed network
         return False
-    return any(client in network for network in allowed_networks())
-
-
-def allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    """``METRICS_ALLOWED_NETWORKS`` parsed. A bad entry allows nothing here; it is a
-    configuration error that the system check (automechanica.checks) reports at start."""
-    networks = []
-    for entry in settings.METRICS_ALLOWED_NETWORKS:
-        try:
-            networks.append(ipaddress.ip_network(entry, strict=False))
-        except ValueError:
-            continue
-    return networks
+    return any(client in network for network in parse_networks(settings.METRICS_ALLOWED_NETWORKS))
 
 
 @require_safe

@@ -247,6 +247,12 @@ AGENT_MEMORY_EMBEDDER = os.environ.get("AGENT_MEMORY_EMBEDDER", "hashing")
 METRICS_ALLOWED_NETWORKS = [
     n.strip() for n in os.environ.get("METRICS_ALLOWED_NETWORKS", "").split(",") if n.strip()
 ]
+# Alert webhooks go to public addresses only, and to these networks (comma-separated
+# CIDRs, e.g. "10.20.0.0/16" for a receiver on the internal network;
+# task_queue.alerts.destinations says why).
+ALERT_WEBHOOK_ALLOWED_NETWORKS = [
+    n.strip() for n in os.environ.get("ALERT_WEBHOOK_ALLOWED_NETWORKS", "").split(",") if n.strip()
+]
 # The largest task or message payload accepted, as JSON (the API answers 413 beyond it).
 QUEUE_MAX_PAYLOAD_BYTES = int(os.environ.get("QUEUE_MAX_PAYLOAD_BYTES", 16 * 1024 * 1024))
 # Payloads larger than this are stored content-addressed in the "payloads" storage

@@ -14,6 +14,8 @@ crash-restart their server, which would cut every other process's connections. W
 import os
 
 os.environ.setdefault("AUTOMECHANICA_DEPLOYMENT", "off")
+# The suite's webhook receivers listen on loopback (tests/support/receiver.py).
+os.environ.setdefault("ALERT_WEBHOOK_ALLOWED_NETWORKS", "127.0.0.0/8")
 
 from automechanica.settings import *  # noqa: F403
 from automechanica.settings import VAR_DIR

@@ -98,6 +98,9 @@ def test_changing_rules_needs_an_admin_token(api):
             "channels[0].url",
         ),
         ({"channels": [{"type": "webhook", "url": "http://[bad/"}]}, "channels[0].url"),
+        # Not public (the suite allows 127.0.0.0/8 alone: tests/settings.py).
+        ({"channels": [{"type": "webhook", "url": "http://169.254.169.254/"}]}, "channels[0].url"),
+        ({"channels": [{"type": "slack", "url": "https://[::1]:5432/"}]}, "channels[0].url"),
         ({"channels": [{"type": "slack", "url": "https://h.example.com/a\nb"}]}, "channels[0].url"),
         ({"threshold": 0}, "threshold"),
         ({"colour": "red"}, "colour"),

@@ -19,6 +19,8 @@ from django.core.validators import validate_email
 
 from task_queue.storable import text_problem
 
+from . import destinations
+
 TIMEOUT_SECONDS = 5.0
 MAX_CHANNELS = 10
 MAX_URL_LENGTH = 2000
@@ -84,6 +86,8 @@ def _check(where: str, channel: Any) -> dict[str, Any]:
         # They would be sent, and could be shown in errors: a receiver authenticates
         # by the signature (``secret``) or a token in the path.
         raise InvalidChannel(f"{where}.url", "must not hold a user name or password")
+    if why := destinations.literal_refusal(parts.hostname):
+        raise InvalidChannel(f"{where}.url", why)
     checked = {"type": kind, "url": url}
     if "secret" in channel:
         secret = channel["secret"]
@@ -147,6 +151,8 @@ def send(channel: dict[str, Any], body: dict[str, Any], delivery_id: int) -> Sen
     except urllib.error.HTTPError as error:
         return Sent(False, error.code, f"HTTP {error.code}")
     except (OSError, ValueError, http.client.HTTPException) as error:
+        if isinstance(getattr(error, "reason", None), destinations.RefusedAddress):
+            return Sent(False, error=f"not sent: {error.reason}"[:500])
         # Refused, timed out, not HTTP: the error's words only (not the URL's path).
         return Sent(False, error=f"{type(error).__name__}: {error}"[:500])
 
@@ -179,4 +185,7 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirects())
+# Connecting only where webhooks may go (destinations.py), and following no redirect.
+_OPENER = urllib.request.build_opener(
+    _NoRedirects(), destinations.HTTPHandler(), destinations.HTTPSHandler()
+)
