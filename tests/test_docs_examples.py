@@ -307,7 +307,8 @@ def bounded(example: Example) -> tuple[list[str], dict[str, str]]:
     if "heavy" in example.kinds:
         heavy = [*HEAVY_BOUNDS.get(example.argv[0], [])]
         options = HEAVY_OPTION_BOUNDS.get(example.argv[0], {})
-        heavy += [part for option in options if option in example.argv
+        given = {arg.split("=")[0] for arg in example.argv}  # --rounds 5 or --rounds=5
+        heavy += [part for option in options if option in given
                   for part in (option, options[option])]  # fmt: skip
     env = {name: value for name, value in example.env if name not in DATABASE_VARIABLES}
     return [*example.argv, *heavy], env

@@ -140,3 +140,9 @@ def test_stream_events_go_once_old_and_relayed_keeping_the_newest():
     event_stream.sequence()
     assert list(OutboxEvent.objects.order_by("seq").values_list("position", flat=True)) == [4, 5]
     assert RetentionRun.objects.order_by("-id").first().stream_events == 1
+
+
+def test_every_kind_a_pass_counts_has_its_column():
+    # A kind without one would fail every pass as it records what it pruned.
+    columns = {field.name for field in RetentionRun._meta.get_fields()}
+    assert set(retention.KINDS) <= columns

@@ -155,6 +155,7 @@ class Hub:
     # ------------------------------------------------------------ task changes
 
     async def _listen(self) -> None:
+        lost = False  # LISTEN was lost: what changed meanwhile was notified to no one
         while True:
             try:
                 if await sync_to_async(listen_sessions_shared, thread_sensitive=False)():
@@ -165,10 +166,14 @@ class Hub:
                     if not await heard_async(conn, HEARD_WITHIN_SECONDS):
                         warn_not_in_effect(False, NOT_LIVE)
                     self.listening.set()
+                    if lost:  # every open page looks again, as for a change it cannot name
+                        await self._dispatch(CHANGED_UNKNOWN)
+                        lost = False
                     async for note in conn.notifies():
                         await self._dispatch(json.loads(note.payload))
             except Exception as error:  # the hub must outlive any one failure
                 self.listening.clear()
+                lost = True
                 logger.warning("listening for task changes failed (%r); reconnecting", error)
                 await asyncio.sleep(1.0)
 
@@ -190,6 +195,11 @@ class Hub:
         for group in changed_pages:
             if self.watchers[group]:
                 await layer.group_send(group, {"type": "task.changed"})
+
+
+# A change notification that names no task: the dead-letter pages fetch their results
+# again, and every task page its task.
+CHANGED_UNKNOWN = {"tasks": [], "more": True, "left": 1, "arrived": 0}
 
 
 def _render_workflow(workflow_id: str) -> dict[str, str] | None:

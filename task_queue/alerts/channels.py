@@ -151,8 +151,10 @@ def send(channel: dict[str, Any], body: dict[str, Any], delivery_id: int) -> Sen
     except urllib.error.HTTPError as error:
         return Sent(False, error.code, f"HTTP {error.code}")
     except (OSError, ValueError, http.client.HTTPException) as error:
-        if isinstance(getattr(error, "reason", None), destinations.RefusedAddress):
-            return Sent(False, error=f"not sent: {error.reason}"[:500])
+        refused = error if isinstance(error, destinations.RefusedAddress) else None
+        refused = refused or getattr(error, "reason", None)  # urllib's URLError around it
+        if isinstance(refused, destinations.RefusedAddress):
+            return Sent(False, error=f"not sent: {refused}"[:500])
         # Refused, timed out, not HTTP: the error's words only (not the URL's path).
         return Sent(False, error=f"{type(error).__name__}: {error}"[:500])
 
@@ -185,7 +187,7 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None
 
 
-# Connecting only where webhooks may go (destinations.py), and following no redirect.
-_OPENER = urllib.request.build_opener(
-    _NoRedirects(), destinations.HTTPHandler(), destinations.HTTPSHandler()
-)
+# Connecting only where webhooks may go (destinations.py), and following no redirect;
+# through the proxy the environment names (HTTPS_PROXY), if any.
+OPENER_HANDLERS = (_NoRedirects(), destinations.HTTPHandler(), destinations.HTTPSHandler())
+_OPENER = urllib.request.build_opener(*OPENER_HANDLERS)

@@ -67,10 +67,14 @@ def _integer(values: dict[str, Any], field: str, low: int, high: int) -> None:
         raise InvalidRule(field, f"must be an integer from {low} to {high}")
 
 
-def validated(values: dict[str, Any], *, new_agent: bool = True) -> dict[str, Any]:
+def validated(
+    values: dict[str, Any], *, new_agent: bool = True, new_channels: bool = True
+) -> dict[str, Any]:
     """A complete rule (defaults filled in), checked; :class:`InvalidRule` names the
     first bad field. ``new_agent``: the agent is given now, so it must be registered
-    (a rule kept for an agent no longer registered can still be changed)."""
+    (a rule kept for an agent no longer registered can still be changed);
+    ``new_channels`` likewise (a rule stored before a channel check was added, such as
+    the webhook destinations', can still be disabled or changed)."""
     if unknown := sorted(set(values) - set(FIELDS)):
         raise InvalidRule(unknown[0], "is not a field of an alert rule")
     values = {**DEFAULTS, **values}
@@ -96,7 +100,8 @@ def validated(values: dict[str, Any], *, new_agent: bool = True) -> dict[str, An
     if not isinstance(values["enabled"], bool):
         raise InvalidRule("enabled", "must be true or false")
     try:
-        values["channels"] = check_channels(values["channels"])
+        if new_channels:
+            values["channels"] = check_channels(values["channels"])
     except InvalidChannel as error:
         raise InvalidRule(error.field, error.message) from None
     return {field: values[field] for field in FIELDS}
@@ -139,9 +144,10 @@ def update(rule_id: int, changes: dict[str, Any], *, actor: str, source: str) ->
     with transaction.atomic():
         rule = _changeable(rule_id)
         before = described(rule)
-        new_agent = changes.get("agent", rule.agent) != rule.agent
         values = validated(
-            {**{f: getattr(rule, f) for f in FIELDS}, **changes}, new_agent=new_agent
+            {**{f: getattr(rule, f) for f in FIELDS}, **changes},
+            new_agent=changes.get("agent", rule.agent) != rule.agent,
+            new_channels=changes.get("channels", rule.channels) != rule.channels,
         )
         redefine(rule, values)
         _save(rule)

@@ -16,9 +16,9 @@ database, with all bookkeeping on (history, AgentEvent, embedding job):
 With ``remote``, the same run is made again with remote agents instead of runworker
 processes (the HTTP API's worker protocol, through a real daphne): the HTTP API
 registers how to start them (``register_remote_workers``), since the queue cannot
-import the layers above it. The report then has both, and their ratio. A drain's
-speed on a shared 2-core machine varies by a fifth or more from one run to the next;
-``rounds`` repeats the pair, each side first every other time, and reports the
+import the layers above it. The report then has both, and their ratio. On a shared
+2-core machine one drain can run at a fifth of the speed of the next; ``rounds``
+repeats the pair, each side first every other time, and reports the
 median round with every round's figures.
 """
 
