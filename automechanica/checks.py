@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Any
 
 from django.conf import settings
 from django.core.checks import Error
+
+from task_queue.networks import network_problems
 
 
 def metrics_allowed_networks(**kwargs: Any) -> list[Error]:
@@ -19,19 +20,14 @@ def alert_webhook_allowed_networks(**kwargs: Any) -> list[Error]:
 
 def _networks(name: str, check_id: str) -> list[Error]:
     """A setting that lists networks: each entry a network (a bad one allows nothing)."""
-    errors = []
-    for entry in getattr(settings, name):
-        try:
-            ipaddress.ip_network(entry, strict=False)
-        except ValueError as problem:
-            errors.append(
-                Error(
-                    f"{name}: {entry!r} is not a network ({problem})",
-                    hint='Comma-separated CIDRs, e.g. "127.0.0.1/32,10.0.0.0/8".',
-                    id=check_id,
-                )
-            )
-    return errors
+    return [
+        Error(
+            f"{name}: {entry!r} is not a network ({problem})",
+            hint='Comma-separated CIDRs, e.g. "127.0.0.1/32,10.0.0.0/8".',
+            id=check_id,
+        )
+        for entry, problem in network_problems(getattr(settings, name))
+    ]
 
 
 def message_max_deliveries(**kwargs: Any) -> list[Error]:

@@ -151,8 +151,7 @@ def send(channel: dict[str, Any], body: dict[str, Any], delivery_id: int) -> Sen
     except urllib.error.HTTPError as error:
         return Sent(False, error.code, f"HTTP {error.code}")
     except (OSError, ValueError, http.client.HTTPException) as error:
-        refused = error if isinstance(error, destinations.RefusedAddress) else None
-        refused = refused or getattr(error, "reason", None)  # urllib's URLError around it
+        refused = getattr(error, "reason", error)  # inside urllib's URLError, or not
         if isinstance(refused, destinations.RefusedAddress):
             return Sent(False, error=f"not sent: {refused}"[:500])
         # Refused, timed out, not HTTP: the error's words only (not the URL's path).

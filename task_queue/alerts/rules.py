@@ -99,11 +99,11 @@ def validated(
     _integer(values, "repeat_seconds", 60, 7 * 86400)
     if not isinstance(values["enabled"], bool):
         raise InvalidRule("enabled", "must be true or false")
-    try:
-        if new_channels:
+    if new_channels:
+        try:
             values["channels"] = check_channels(values["channels"])
-    except InvalidChannel as error:
-        raise InvalidRule(error.field, error.message) from None
+        except InvalidChannel as error:
+            raise InvalidRule(error.field, error.message) from None
     return {field: values[field] for field in FIELDS}
 
 
